@@ -1,0 +1,1 @@
+"""dsflash.export (see PIPELINE.md §1)."""

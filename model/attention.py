@@ -1,0 +1,192 @@
+"""CSA2 attention layer, all four modes (ARCHITECTURE.md §4.2-4.5, Part B §5).
+
+Every layer: q LoRA path, its own window KV (K = V, MQA), sparse attention with a per-head sink,
+inverse RoPE on the output, grouped low-rank output projection. Full layers also run the
+compressor (publishing global KV + index keys) and the indexer; Reindex layers run their own
+index queries over the source's keys (inside the candidate pool when after the candidate
+source); Reuse layers use the latest published selection.
+
+A call processes S new rows. The caller supplies the window buffer (earlier rows of this layer
+with their positions) and, for Full layers, the source's cached entries and compressor state;
+the layer returns its output, its new window rows and (Full) what the step adds to the source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from dsflash.model import csa2_ops as ops
+from dsflash.model.norm_rope import RMSNorm, Rotary, apply_rope, rms_norm
+from dsflash.model.quant import fp4_e4m3scale_qat, fp4_pow2_qat, fp8_e4m3_qat
+
+
+@dataclass
+class SourceEntries:
+    """A KV source's entries visible this step: cached ones, then one candidate per new row."""
+
+    kv_BND: torch.Tensor
+    index_k_BNJ: torch.Tensor
+    group_BN: torch.Tensor
+
+
+@dataclass
+class StepShared:
+    """What layers publish to later layers within one step (same rows)."""
+
+    entries: dict[int, SourceEntries] = field(default_factory=dict)
+    topk: dict[int, torch.Tensor] = field(default_factory=dict)
+    candidates_BSN: torch.Tensor | None = None
+    # When a dict, each layer stores the selection it attended with (tests and debugging).
+    used_topk: dict[int, torch.Tensor] | None = None
+
+
+@dataclass
+class SourceState:
+    """A Full layer's cache view: entries, their group ids (-1 empty) and compressor state."""
+
+    kv_BND: torch.Tensor
+    index_k_BNJ: torch.Tensor
+    group_BN: torch.Tensor
+    comp_kv: torch.Tensor
+    comp_score: torch.Tensor
+
+
+class Compressor(nn.Module):
+    def __init__(self, cfg, ratio: int):
+        super().__init__()
+        e, d = cfg.hidden_size, cfg.head_dim
+        self.ratio, self.eps = ratio, cfg.rms_norm_eps
+        self.wkv = nn.Linear(e, d, bias=False)
+        self.wgate = nn.Linear(e, d, bias=False) if ratio > 1 else None
+        self.norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def forward(self, x_BSE: torch.Tensor, state: SourceState) -> tuple[torch.Tensor, ...]:
+        # Pooling is fp32 (the release promotes the bf16 weights), then one rounding + RMSNorm.
+        xf = x_BSE.float()
+        u = xf @ self.wkv.weight.float().t()
+        z = xf @ self.wgate.weight.float().t() if self.wgate is not None else None
+        pooled, su, sz = ops.pool_groups(u, z, state.comp_kv, state.comp_score, self.ratio)
+        return self.norm(pooled.to(x_BSE.dtype)), su, sz
+
+
+class Indexer(nn.Module):
+    """Lightning indexer: index queries from the q latent, head weights from x; keys at sources."""
+
+    def __init__(self, cfg, owns_keys: bool):
+        super().__init__()
+        self.n_heads, self.dim = cfg.index_n_heads, cfg.index_head_dim
+        self.wq_b = nn.Linear(cfg.q_lora_rank, self.n_heads * self.dim, bias=False)
+        self.weights_proj = nn.Linear(cfg.hidden_size, self.n_heads, bias=False)
+        if owns_keys:
+            self.wk = nn.Linear(cfg.head_dim, self.dim, bias=False)
+            self.k_norm = RMSNorm(self.dim, cfg.rms_norm_eps)
+
+    def queries(self, qr_BSQ, x_BSE, cos, sin, qat: bool):
+        q = self.wq_b(qr_BSQ).unflatten(-1, (self.n_heads, self.dim))
+        q = apply_rope(q, cos.unsqueeze(-2), sin.unsqueeze(-2))
+        if qat:
+            q = fp4_pow2_qat(q)
+        w = self.weights_proj(x_BSE).float() * (self.dim ** -0.5) * (self.n_heads ** -0.5)
+        return q, w
+
+    def keys(self, latent_BSD, cos, sin, qat: bool):
+        k = apply_rope(self.k_norm(self.wk(latent_BSD)), cos, sin)
+        return fp4_pow2_qat(k) if qat else k
+
+
+class CSA2Attention(nn.Module):
+    def __init__(self, cfg, layer: int):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        self.role, self.ratio = cfg.layer_role(layer), cfg.layer_ratio(layer)
+        h, d, e = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
+        self.wq_a = nn.Linear(e, cfg.q_lora_rank, bias=False)
+        self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+        self.wq_b = nn.Linear(cfg.q_lora_rank, h * d, bias=False)
+        self.wkv = nn.Linear(e, d, bias=False)
+        self.kv_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.attn_sink = nn.Parameter(torch.zeros(h))
+        self.wo_a = nn.Linear(cfg.heads_per_group * d, cfg.o_groups * cfg.o_lora_rank, bias=False)
+        self.wo_b = nn.Linear(cfg.o_groups * cfg.o_lora_rank, e, bias=False)
+        if self.role == "full":
+            self.compressor = Compressor(cfg, self.ratio)
+        if self.role in ("full", "reindex"):
+            self.indexer = Indexer(cfg, owns_keys=self.role == "full")
+        yarn = cfg.rope_scaling if cfg.uses_yarn(layer) else None
+        self.rotary = Rotary(cfg.qk_rope_head_dim, cfg.rope_theta_of(layer), yarn)
+
+    def forward(self, x_BSE, pos_BS, win_kv_BTD, win_pos_BT, win_start_B, shared: StepShared,
+                source: SourceState | None = None):
+        cfg, qat = self.cfg, self.cfg.kv_qat
+        cos, sin = self.rotary.cos_sin(pos_BS)
+        qr = self.q_norm(self.wq_a(x_BSE))
+        q = self.wq_b(qr).unflatten(-1, (cfg.num_attention_heads, cfg.head_dim))
+        if cfg.q_head_norm:
+            q = rms_norm(q, None, cfg.rms_norm_eps)
+        q = apply_rope(q, cos.unsqueeze(-2), sin.unsqueeze(-2))
+        kv = apply_rope(self.kv_norm(self.wkv(x_BSE)), cos, sin)
+        if qat:
+            kv = fp8_e4m3_qat(kv)
+        adds = None
+        if self.role == "full":
+            adds = self._publish(x_BSE, pos_BS, source, shared)
+        idx = self._select(qr, x_BSE, pos_BS, cos, sin, shared)
+        if shared.used_topk is not None:
+            shared.used_topk[self.layer] = idx
+        win_kv = torch.cat((win_kv_BTD, kv), dim=1)
+        win_pos = torch.cat((win_pos_BT, pos_BS), dim=1)
+        mask = ops.window_mask(win_pos, pos_BS, cfg.sliding_window, win_start_B)
+        if idx is None:
+            glob = kv.new_zeros(kv.shape[0], 1, cfg.head_dim)
+            idx = torch.full_like(pos_BS, -1).unsqueeze(-1)
+        else:
+            glob = shared.entries[cfg.kv_source_of(self.layer)].kv_BND
+        o = ops.sparse_attention(q, glob, idx, win_kv, mask, self.attn_sink, cfg.head_dim ** -0.5)
+        o = apply_rope(o, cos.unsqueeze(-2), sin.unsqueeze(-2), inverse=True)
+        return self._project_out(o), kv, adds
+
+    def _project_out(self, o_BSHD: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        grouped = o_BSHD.flatten(-2).unflatten(-1, (cfg.o_groups, -1))
+        wa = self.wo_a.weight.view(cfg.o_groups, cfg.o_lora_rank, -1)
+        z = torch.einsum("bsgi,gri->bsgr", grouped, wa)
+        return self.wo_b(z.flatten(-2))
+
+    def _publish(self, x_BSE, pos_BS, source: SourceState, shared: StepShared) -> dict:
+        """Compressor: new entries for rows that complete a group, merged with the cache view."""
+        m = self.ratio
+        latent, su, sz = self.compressor(x_BSE, source)
+        group = ops.completed_group(pos_BS, m)
+        cos, sin = self.rotary.cos_sin(torch.clamp_min(group, 0) * m)
+        index_k = self.indexer.keys(latent, cos, sin, self.cfg.kv_qat)
+        entry = apply_rope(latent, cos, sin)
+        if self.cfg.kv_qat:
+            entry = fp4_e4m3scale_qat(entry)
+        shared.entries[self.layer] = SourceEntries(
+            kv_BND=torch.cat((source.kv_BND, entry), dim=1),
+            index_k_BNJ=torch.cat((source.index_k_BNJ, index_k), dim=1),
+            group_BN=torch.cat((source.group_BN, group), dim=1))
+        return {"kv": entry, "index_k": index_k, "group": group, "comp_kv": su, "comp_score": sz}
+
+    def _select(self, qr, x_BSE, pos_BS, cos, sin, shared: StepShared) -> torch.Tensor | None:
+        cfg = self.cfg
+        if self.role == "window":
+            return None
+        if self.role == "reuse":
+            return shared.topk[cfg.topk_source_of(self.layer)]
+        src = shared.entries[cfg.kv_source_of(self.layer)]
+        q, w = self.indexer.queries(qr, x_BSE, cos, sin, cfg.kv_qat)
+        visible = ops.visible_entries(src.group_BN, pos_BS, self.ratio)
+        if cfg.uses_candidate_pool(self.layer):
+            visible = visible & shared.candidates_BSN
+        scores = ops.index_scores(q, w, src.index_k_BNJ, visible)
+        if self.layer == cfg.candidate_source_layer_id:
+            shared.candidates_BSN = ops.candidate_pool(
+                scores, src.group_BN, pos_BS, self.ratio, cfg.candidate_block_size,
+                cfg.candidate_topk_blocks)
+        idx = ops.select_topk(scores, cfg.index_topk)
+        shared.topk[self.layer] = idx
+        return idx

@@ -1,0 +1,60 @@
+"""The model's own quantisation round-trips (ARCHITECTURE.md Part B §2 "QAT round-trips").
+
+These are value-level simulations (quantise, then dequantise in the input dtype); storage stays
+bf16/fp32 in the reference. Enabled by `ModelConfig.kv_qat`.
+  window KV:      FP8 e4m3 per 32 channels, power-of-two scale 2^ceil(log2(max(amax,1e-4)/448))
+  index q / k:    FP4 e2m1 per 32, power-of-two scale 2^ceil(log2(max(amax, 6*2^-126)/6))
+  compressed KV:  FP4 e2m1 per 16, e4m3-rounded scale e4m3(max(amax, 6*2^-9)/6)
+"""
+
+from __future__ import annotations
+
+import torch
+
+E4M3_MAX = 448.0
+E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+    if x.shape[-1] % block:
+        raise ValueError(f"last dim {x.shape[-1]} is not a multiple of the quantisation block {block}")
+    return x.float().unflatten(-1, (x.shape[-1] // block, block))
+
+
+def _pow2_ceil(v: torch.Tensor) -> torch.Tensor:
+    # exponent + 1 when the mantissa is non-zero, read from the fp32 value (exact, unlike log2).
+    mant, exp = torch.frexp(v)
+    return torch.ldexp(torch.ones_like(v), torch.where(mant == 0.5, exp - 1, exp))
+
+
+def round_e2m1(v: torch.Tensor) -> torch.Tensor:
+    """Round to the e2m1 grid (|v| <= 6 assumed), nearest, ties to the even code."""
+    grid = torch.tensor(E2M1_GRID, dtype=v.dtype, device=v.device)
+    mag = v.abs()
+    mids = (grid[1:] + grid[:-1]) / 2
+    code = torch.bucketize(mag, mids)  # mag == mid goes to the lower code
+    tie_up = torch.isin(mag, mids) & (code % 2 == 1)  # at a tie the even code wins
+    code = code + tie_up.long()
+    return torch.copysign(grid[code], v)
+
+
+def fp8_e4m3_qat(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    xb = _blocks(x, block)
+    amax = xb.abs().amax(-1, keepdim=True)
+    s = _pow2_ceil(amax.clamp_min(1e-4) * (1.0 / E4M3_MAX))
+    q = (xb / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
+    return (q * s).flatten(-2).to(x.dtype)
+
+
+def fp4_pow2_qat(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    xb = _blocks(x, block)
+    amax = xb.abs().amax(-1, keepdim=True)
+    s = _pow2_ceil(amax.clamp_min(6 * 2.0**-126) / 6.0)
+    return (round_e2m1((xb / s).clamp(-6.0, 6.0)) * s).flatten(-2).to(x.dtype)
+
+
+def fp4_e4m3scale_qat(x: torch.Tensor, block: int = 16) -> torch.Tensor:
+    xb = _blocks(x, block)
+    amax = xb.abs().amax(-1, keepdim=True)
+    s = (amax.clamp_min(6 * 2.0**-9) / 6.0).to(torch.float8_e4m3fn).float()
+    return (round_e2m1((xb / s).clamp(-6.0, 6.0)) * s).flatten(-2).to(x.dtype)

@@ -1,0 +1,1 @@
+"""dsflash.plugins (see PIPELINE.md §1)."""

@@ -1,0 +1,1 @@
+"""dsflash.runtime (see PIPELINE.md §1)."""

@@ -1,0 +1,48 @@
+import numpy as np
+import pytest
+import torch
+
+from dsflash.model.cache import ModelCache
+from dsflash.model.model import DSFlashModel
+
+
+def test_ids_outside_vocabulary(tiny_model):
+    cache = ModelCache.allocate(tiny_model.cfg, 1, 16)
+    with pytest.raises(ValueError, match=r"token id 512 outside the vocabulary \[0, 512\)"):
+        tiny_model.decoder_step(torch.tensor([[3, 512]]), cache)
+    with pytest.raises(ValueError, match=r"token id -1 outside the vocabulary"):
+        tiny_model(torch.tensor([[-1, 4]]))
+    assert cache.seq_len.tolist() == [0]  # nothing was written
+
+
+def test_prompt_longer_than_capacity(tiny_model):
+    cache = ModelCache.allocate(tiny_model.cfg, 1, 16)
+    with pytest.raises(ValueError, match="would reach 17 tokens, over the cache capacity 16"):
+        tiny_model.prefill(torch.zeros(1, 17, dtype=torch.long), cache)
+    tiny_model.prefill(torch.zeros(1, 16, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match="would reach 17 tokens, over the cache capacity 16"):
+        tiny_model.decoder_step(torch.zeros(1, 1, dtype=torch.long), cache)
+
+
+def test_bad_shapes_slots_and_modes(tiny_model):
+    cache = ModelCache.allocate(tiny_model.cfg, 2, 16)
+    with pytest.raises(ValueError, match=r"ids must be \[batch, rows\]"):
+        tiny_model.decoder_step(torch.zeros(3, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match="ids have batch 1 but 2 slots"):
+        tiny_model.decoder_step(torch.zeros(1, 1, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match=r"slot ids \[2\] outside \[0, 2\)"):
+        tiny_model.decoder_step(torch.zeros(1, 1, dtype=torch.long), cache, slots=[2])
+    with pytest.raises(ValueError, match="prefill mode 'fast'"):
+        tiny_model.prefill(torch.zeros(1, 3, dtype=torch.long), cache, [0], mode="fast")
+    tiny_model.prefill(torch.zeros(1, 3, dtype=torch.long), cache, [0])
+    with pytest.raises(ValueError, match="prefill needs empty slots"):
+        tiny_model.prefill(torch.zeros(1, 3, dtype=torch.long), cache, [0])
+    with pytest.raises(ValueError, match="capacity=0 must be in"):
+        ModelCache.allocate(tiny_model.cfg, 1, 0)
+
+
+def test_bad_vocab_map(tiny_cfg):
+    with pytest.raises(ValueError, match=r"vocab_map has shape \(3,\), expected \(512,\)"):
+        DSFlashModel(tiny_cfg, vocab_map=np.zeros(3, dtype=np.int64))
+    with pytest.raises(ValueError, match="outside \\[0, engram_compressed_vocab_size=256\\)"):
+        DSFlashModel(tiny_cfg, vocab_map=np.full(512, 300, dtype=np.int64))
