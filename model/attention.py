@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from dsflash.model import csa2_ops as ops
+from dsflash.model.dtypes import cast, f32
 from dsflash.model.norm_rope import RMSNorm, Rotary, apply_rope, rms_norm
 from dsflash.model.quant import fp4_e4m3scale_qat, fp4_pow2_qat, fp8_e4m3_qat
 
@@ -65,11 +66,11 @@ class Compressor(nn.Module):
 
     def forward(self, x_BSE: torch.Tensor, state: SourceState) -> tuple[torch.Tensor, ...]:
         # Pooling is fp32 (the release promotes the bf16 weights), then one rounding + RMSNorm.
-        xf = x_BSE.float()
-        u = xf @ self.wkv.weight.float().t()
-        z = xf @ self.wgate.weight.float().t() if self.wgate is not None else None
+        xf = f32(x_BSE)
+        u = xf @ f32(self.wkv.weight).t()
+        z = xf @ f32(self.wgate.weight).t() if self.wgate is not None else None
         pooled, su, sz = ops.pool_groups(u, z, state.comp_kv, state.comp_score, self.ratio)
-        return self.norm(pooled.to(x_BSE.dtype)), su, sz
+        return self.norm(cast(pooled, x_BSE.dtype)), su, sz
 
 
 class Indexer(nn.Module):
@@ -89,7 +90,7 @@ class Indexer(nn.Module):
         q = apply_rope(q, cos.unsqueeze(-2), sin.unsqueeze(-2))
         if qat:
             q = fp4_pow2_qat(q)
-        w = self.weights_proj(x_BSE).float() * (self.dim ** -0.5) * (self.n_heads ** -0.5)
+        w = f32(self.weights_proj(x_BSE)) * (self.dim ** -0.5) * (self.n_heads ** -0.5)
         return q, w
 
     def keys(self, latent_BSD, cos, sin, qat: bool):
@@ -98,9 +99,9 @@ class Indexer(nn.Module):
 
 
 class CSA2Attention(nn.Module):
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg, layer: int, ops):
         super().__init__()
-        self.cfg, self.layer = cfg, layer
+        self.cfg, self.layer, self.ops = cfg, layer, ops
         self.role, self.ratio = cfg.layer_role(layer), cfg.layer_ratio(layer)
         h, d, e = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
         self.wq_a = nn.Linear(e, cfg.q_lora_rank, bias=False)
@@ -144,7 +145,8 @@ class CSA2Attention(nn.Module):
             idx = torch.full_like(pos_BS, -1).unsqueeze(-1)
         else:
             glob = shared.entries[cfg.kv_source_of(self.layer)].kv_BND
-        o = ops.sparse_attention(q, glob, idx, win_kv, mask, self.attn_sink, cfg.head_dim ** -0.5)
+        o = self.ops.csa2_sparse_attention(q, glob, idx, win_kv, mask, self.attn_sink,
+                                           cfg.head_dim ** -0.5)
         o = apply_rope(o, cos.unsqueeze(-2), sin.unsqueeze(-2), inverse=True)
         return self._project_out(o), kv, adds
 
@@ -182,7 +184,7 @@ class CSA2Attention(nn.Module):
         visible = ops.visible_entries(src.group_BN, pos_BS, self.ratio)
         if cfg.uses_candidate_pool(self.layer):
             visible = visible & shared.candidates_BSN
-        scores = ops.index_scores(q, w, src.index_k_BNJ, visible)
+        scores = self.ops.csa2_index_score(q, w, src.index_k_BNJ, visible)
         if self.layer == cfg.candidate_source_layer_id:
             shared.candidates_BSN = ops.candidate_pool(
                 scores, src.group_BN, pos_BS, self.ratio, cfg.candidate_block_size,

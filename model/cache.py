@@ -23,26 +23,65 @@ from dsflash.model.config import ModelConfig
 
 @dataclass(frozen=True)
 class StateSpec:
+    """One state tensor: shape as a formula over named dimensions (see `resolve_shape`)."""
+
     name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    fill: float  # value of an empty slot
+    dtype: str                  # "model" (the model's float dtype), "float32" or "int64"
+    shape: tuple[str, ...]      # named dimensions or integer literals as text
+    owners: tuple[int, ...]     # layers that own it (empty: per sequence)
+    fill: float                 # value of an empty slot
+    doc: str = ""
 
 
-def state_specs(cfg: ModelConfig, batch: int, capacity: int, dtype: torch.dtype) -> list[StateSpec]:
-    d, j = cfg.head_dim, cfg.index_head_dim
-    specs = [StateSpec("swa_kv", (cfg.num_hidden_layers, batch, cfg.sliding_window, d), dtype, 0.0)]
+def state_layout(cfg: ModelConfig) -> list[StateSpec]:
+    """Every state tensor of the model, in a fixed order. The single declaration the export
+    contract, the runtime's cache manager and this cache are built from."""
+    specs = [StateSpec("swa_kv", "model", ("L", "B", "W", "Dh"), tuple(range(cfg.num_hidden_layers)),
+                       0.0, "window ring of every layer, slot = position mod W")]
     for src in cfg.kv_source_layer_ids:
         m = cfg.layer_ratio(src)
-        specs.append(StateSpec(f"kv.{src}", (batch, capacity // m, d), dtype, 0.0))
-        specs.append(StateSpec(f"index_k.{src}", (batch, capacity // m, j), dtype, 0.0))
+        specs += [StateSpec(f"kv.{src}", "model", ("B", f"N{m}", "Dh"), (src,), 0.0,
+                            f"compressed global KV of source layer {src} (ratio {m})"),
+                  StateSpec(f"index_k.{src}", "model", ("B", f"N{m}", "J"), (src,), 0.0,
+                            f"indexer keys of source layer {src}")]
         if m > 1:
-            specs.append(StateSpec(f"comp_kv.{src}", (batch, m - 1, d), torch.float32, 0.0))
-            specs.append(StateSpec(f"comp_score.{src}", (batch, m - 1, d), torch.float32, 0.0))
-    specs.append(StateSpec("engram_hist", (batch, cfg.engram_max_ngram_size - 1), torch.int64, -1))
-    specs.append(StateSpec("seq_len", (batch,), torch.int64, 0))
-    specs.append(StateSpec("replay_start", (batch,), torch.int64, 0))
+            specs += [StateSpec(f"comp_kv.{src}", "float32", ("B", str(m - 1), "Dh"), (src,), 0.0,
+                                "pending rows of the partial group, right-aligned"),
+                      StateSpec(f"comp_score.{src}", "float32", ("B", str(m - 1), "Dh"), (src,), 0.0,
+                                "gate scores of the pending rows")]
+    specs += [StateSpec("engram_hist", "int64", ("B", "Hist"), (), -1,
+                        "last max_ngram-1 token ids, -1 before the sequence start"),
+              StateSpec("seq_len", "int64", ("B",), (), 0, "tokens already in the cache"),
+              StateSpec("replay_start", "int64", ("B",), (), 0,
+                        "first position whose decoder-layer window rows exist")]
     return specs
+
+
+def static_dims(cfg: ModelConfig) -> dict[str, int]:
+    return {"L": cfg.num_hidden_layers, "D_enc": cfg.first_decoder_layer, "W": cfg.sliding_window,
+            "Dh": cfg.head_dim, "J": cfg.index_head_dim, "V": cfg.vocab_size,
+            "Hist": cfg.engram_max_ngram_size - 1}
+
+
+def resolve_shape(shape: tuple[str, ...], cfg: ModelConfig, batch: int, capacity: int,
+                  rows: int = 1) -> tuple[int, ...]:
+    """Numbers for a shape formula: B batch, S rows, N<m> = capacity // m, the rest static."""
+    dims = static_dims(cfg) | {"B": batch, "S": rows}
+    out = []
+    for name in shape:
+        if name.isdigit():
+            out.append(int(name))
+        elif name.startswith("N") and name[1:].isdigit():
+            out.append(capacity // int(name[1:]))
+        else:
+            out.append(dims[name])
+    return tuple(out)
+
+
+def spec_dtype(spec_dtype_name: str, model_dtype: torch.dtype) -> torch.dtype:
+    if spec_dtype_name == "model":
+        return model_dtype
+    return {"float32": torch.float32, "int64": torch.int64, "bool": torch.bool}[spec_dtype_name]
 
 
 class ModelCache:
@@ -59,8 +98,9 @@ class ModelCache:
         if not 0 < capacity <= cfg.max_position_embeddings:
             raise ValueError(f"capacity={capacity} must be in [1, max_position_embeddings="
                              f"{cfg.max_position_embeddings}]")
-        tensors = {s.name: torch.full(s.shape, s.fill, dtype=s.dtype, device=device)
-                   for s in state_specs(cfg, batch, capacity, dtype)}
+        tensors = {s.name: torch.full(resolve_shape(s.shape, cfg, batch, capacity), s.fill,
+                                      dtype=spec_dtype(s.dtype, dtype), device=device)
+                   for s in state_layout(cfg)}
         return cls(cfg, capacity, tensors)
 
     @property

@@ -48,14 +48,6 @@ def visible_entries(group_BN: torch.Tensor, pos_BS: torch.Tensor, ratio: int) ->
     return (g >= 0) & (g < limit)
 
 
-def index_scores(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: torch.Tensor,
-                 visible_BSN: torch.Tensor) -> torch.Tensor:
-    """I[b,s,n] = sum_i w[b,s,i] * relu(q[b,s,i] . k[b,n]); -inf where not visible. fp32."""
-    dots = torch.einsum("bsij,bnj->bsin", q_BSIJ.float(), k_BNJ.float()).relu()
-    scores = torch.einsum("bsin,bsi->bsn", dots, w_BSI.float())
-    return scores.masked_fill(~visible_BSN, float("-inf"))
-
-
 def select_topk(scores_BSN: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k best entries, best first; -1 where fewer than k are visible."""
     vals, idx = stable_topk(scores_BSN, k)
@@ -65,57 +57,31 @@ def select_topk(scores_BSN: torch.Tensor, k: int) -> torch.Tensor:
 def stable_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k along the last axis, best first, ties to the lower index (the release's stable sort,
     and ONNX TopK's rule). ReLU-weighted scores tie exactly (at 0) often, so this matters."""
-    k = min(k, scores.shape[-1])
-    vals, idx = torch.sort(scores, dim=-1, descending=True, stable=True)
+    vals, idx = torch.sort(scores, dim=-1, descending=True, stable=True)  # slicing clips k to N
     return vals[..., :k], idx[..., :k]
 
 
 def candidate_pool(scores_BSN: torch.Tensor, group_BN: torch.Tensor, pos_BS: torch.Tensor,
                    ratio: int, block: int, topk_blocks: int) -> torch.Tensor:
     """Hierarchical sparse indexer: keep the top blocks (of `block` consecutive groups) by their
-    max score, always keeping the block of the newest visible entry. Returns a [B, S, N] mask."""
+    max score, always keeping the block of the newest visible entry. Returns a [B, S, N] mask.
+
+    Scores of invisible entries are -inf, so empty slots (group -1, counted in block 0 here)
+    never raise a block's max; their own mask value is irrelevant (they are not visible).
+    """
     b, s, n = scores_BSN.shape
     n_blocks = (n + block - 1) // block
-    blk_BN = torch.where(group_BN >= 0, group_BN // block, torch.full_like(group_BN, n_blocks))
-    blk = blk_BN.unsqueeze(1).expand(b, s, n)
-    block_max = torch.full((b, s, n_blocks + 1), float("-inf"), dtype=scores_BSN.dtype,
+    blk = (group_BN.clamp_min(0) // block).unsqueeze(1).expand(b, s, n)
+    block_max = torch.full((b, s, n_blocks), float("-inf"), dtype=scores_BSN.dtype,
                            device=scores_BSN.device)
     block_max = block_max.scatter_reduce(2, blk, scores_BSN, reduce="amax", include_self=True)
     newest = (pos_BS + 1) // ratio - 1
-    has_newest = newest >= 0
-    newest_blk = torch.where(has_newest, newest // block, torch.full_like(newest, n_blocks))
-    pinned = torch.zeros_like(block_max, dtype=torch.bool).scatter(2, newest_blk.unsqueeze(-1), True)
-    pinned[..., n_blocks] = False
-    block_max = block_max.masked_fill(pinned, float("inf"))[..., :n_blocks]
-    kb = min(topk_blocks, n_blocks)
-    top_vals, top_blk = stable_topk(block_max, kb)
-    keep = torch.zeros((b, s, n_blocks + 1), dtype=torch.bool, device=scores_BSN.device)
-    keep = keep.scatter(2, top_blk, ~torch.isneginf(top_vals))
+    blocks = torch.arange(n_blocks, device=scores_BSN.device)
+    pinned = (blocks == (newest // block).unsqueeze(-1)) & (newest >= 0).unsqueeze(-1)
+    block_max = block_max.masked_fill(pinned, float("inf"))
+    top_vals, top_blk = stable_topk(block_max, topk_blocks)
+    keep = torch.zeros_like(block_max, dtype=torch.bool).scatter(2, top_blk, ~torch.isneginf(top_vals))
     return keep.gather(2, blk)
-
-
-def sparse_attention(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_BSK: torch.Tensor,
-                     win_kv_BTD: torch.Tensor, win_mask_BST: torch.Tensor, sink_H: torch.Tensor,
-                     scale: float) -> torch.Tensor:
-    """One softmax over the selected global entries and the window keys, with a per-head sink in
-    the denominator only. K = V (MQA latent). fp32 maths; returns q's dtype."""
-    q = q_BSHD.float()
-    b, s, k = idx_BSK.shape
-    sel = kv_BND.float().gather(1, idx_BSK.clamp_min(0).reshape(b, s * k, 1)
-                                .expand(b, s * k, kv_BND.shape[-1])).view(b, s, k, -1)
-    lg = torch.einsum("bshd,bskd->bshk", q, sel) * scale
-    lg = lg.masked_fill((idx_BSK < 0).unsqueeze(2), float("-inf"))
-    lw = torch.einsum("bshd,btd->bsht", q, win_kv_BTD.float()) * scale
-    lw = lw.masked_fill(~win_mask_BST.unsqueeze(2), float("-inf"))
-    logits = torch.cat((lg, lw), dim=-1)
-    sink = sink_H.float().view(1, 1, -1, 1)
-    m = torch.maximum(logits.amax(-1, keepdim=True), sink).clamp_min(-1e30)
-    p = torch.exp(logits - m)
-    denom = p.sum(-1, keepdim=True) + torch.exp(sink - m)
-    p = p / denom
-    out = torch.einsum("bshk,bskd->bshd", p[..., :k], sel)
-    out = out + torch.einsum("bsht,btd->bshd", p[..., k:], win_kv_BTD.float())
-    return out.to(q_BSHD.dtype)
 
 
 def window_mask(win_pos_BT: torch.Tensor, pos_BS: torch.Tensor, window: int,

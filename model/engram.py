@@ -14,6 +14,8 @@ import math
 import torch
 from torch import nn
 
+from dsflash.model.dtypes import cast, f32
+
 GATE_CLAMP = 1e-6  # TileKernels engram gate test: clamp of |d| before the square root
 
 
@@ -21,38 +23,33 @@ def engram_gate_update(streams_BSCE: torch.Tensor, kv_BSX: torch.Tensor, q_weigh
                        k_weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Apply the gated value to every stream; all gate maths in fp32."""
     c, e = streams_BSCE.shape[-2:]
-    keys = kv_BSX[..., : c * e].unflatten(-1, (c, e)).float()
-    value = kv_BSX[..., c * e:].float()
-    h = streams_BSCE.float()
-    w = (q_weight.float() * k_weight.float())
+    keys = f32(kv_BSX[..., : c * e].unflatten(-1, (c, e)))
+    value = f32(kv_BSX[..., c * e:])
+    h = f32(streams_BSCE)
+    w = (f32(q_weight) * f32(k_weight))
     dot = (h * w * keys).sum(-1)
     d = (dot * torch.rsqrt(h.pow(2).mean(-1) + eps) * torch.rsqrt(keys.pow(2).mean(-1) + eps)
          / math.sqrt(e))
     g = torch.sigmoid(torch.sign(d) * torch.sqrt(d.abs().clamp_min(GATE_CLAMP)))
-    return (h + g.unsqueeze(-1) * value.unsqueeze(-2)).to(streams_BSCE.dtype)
-
-
-def gather_engram_rows(table: torch.Tensor, rows_BSR: torch.Tensor) -> torch.Tensor:
-    """Rows of the table for every hashed id, flattened to [B, S, R * engram_dim].
-
-    Row ids come from `hash_rows` (a modulus plus an offset), so they are in range by construction.
-    """
-    return table[rows_BSR].flatten(-2)
+    return cast(h + g.unsqueeze(-1) * value.unsqueeze(-2), streams_BSCE.dtype)
 
 
 class Engram(nn.Module):
     """Parameters under the release names: embed.weight, wkv.weight, q_weight, k_weight."""
 
-    def __init__(self, cfg, rows: int):
+    def __init__(self, cfg, addressing, ops):
         super().__init__()
         e, c = cfg.hidden_size, cfg.hc_mult
-        self.eps = cfg.rms_norm_eps
-        self.embed = nn.Embedding(rows, cfg.engram_head_dim)
+        self.eps, self.heads, self.addr, self.ops = cfg.rms_norm_eps, cfg.engram_n_heads, addressing, ops
+        self.embed = nn.Embedding(addressing.rows, cfg.engram_head_dim)
         self.wkv = nn.Linear(cfg.engram_heads_total * cfg.engram_head_dim, (c + 1) * e, bias=False)
         self.q_weight = nn.Parameter(torch.ones(c, e))
         self.k_weight = nn.Parameter(torch.ones(c, e))
 
-    def forward(self, streams_BSCE: torch.Tensor, rows_BSR: torch.Tensor) -> torch.Tensor:
-        gathered = gather_engram_rows(self.embed.weight, rows_BSR)
-        kv = self.wkv(gathered.to(self.wkv.weight.dtype))
+    def forward(self, streams_BSCE: torch.Tensor, cids_BT: torch.Tensor) -> torch.Tensor:
+        """cids_BT: compressed ids, the lookback then the S new rows (-1 before the start)."""
+        a = self.addr
+        rows = self.ops.engram_hash_gather(cids_BT, self.embed.weight, a.multipliers, a.primes,
+                                           a.offsets, a.pad_id, self.heads)
+        kv = self.wkv(cast(rows.flatten(-2), self.wkv.weight.dtype))
         return engram_gate_update(streams_BSCE, kv, self.q_weight, self.k_weight, self.eps)

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
-import torch
 
 INT63_MAX = 2**63 - 1
 
@@ -139,27 +138,3 @@ def layer_addressing(cfg, vocab_map: np.ndarray) -> dict[int, EngramAddressing]:
                              f"{layer}, but its primes sum to {addr.rows}")
         out[layer] = addr
     return out
-
-
-def hash_rows(cids_BT: torch.Tensor, addr: EngramAddressing, heads: int, n_new: int) -> torch.Tensor:
-    """Table rows of the last n_new positions of a compressed-id sequence.
-
-    cids_BT: [B, (max_ngram-1) + n_new] int64, the lookback ids then the new ids; -1 marks a
-    position before the sequence start (or a dead token): it blocks every longer n-gram (sticky).
-    Returns [B, n_new, (max_ngram-1) * heads] int64 in order-major column order.
-    """
-    look = len(addr.multipliers) - 1
-    cols, rolling, blocked = [], None, None
-    for s in range(look + 1):
-        tok = cids_BT[:, look - s: look - s + n_new]
-        dead = tok < 0
-        blocked = dead if blocked is None else blocked | dead
-        t = torch.where(blocked, torch.full_like(tok, addr.pad_id), tok)
-        term = t * addr.multipliers[s]
-        rolling = term if rolling is None else torch.bitwise_xor(rolling, term)
-        if s == 0:
-            continue
-        for h in range(heads):
-            j = (s - 1) * heads + h
-            cols.append(torch.remainder(rolling, addr.primes[j]) + addr.offsets[j])
-    return torch.stack(cols, dim=-1)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from dsflash.model.cache import ModelCache
+from dsflash.model.dtypes import f32
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ def sample_next(logits_BV: torch.Tensor, params: SamplingParams,
     """One token per row. Greedy takes the lowest id among equal maxima (argmax's rule)."""
     if params.greedy:
         return logits_BV.argmax(-1)
-    scores = logits_BV.float() / params.temperature
+    scores = f32(logits_BV) / params.temperature
     if params.top_k:
         kth = torch.topk(scores, min(params.top_k, scores.shape[-1]), dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))

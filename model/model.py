@@ -20,10 +20,15 @@ from dsflash.model.attention import SourceState, StepShared
 from dsflash.model.block import Block
 from dsflash.model.cache import ModelCache
 from dsflash.model.config import ModelConfig
-from dsflash.model.engram_hash import hash_rows, layer_addressing, synthetic_compression_map
-from dsflash.model.mhc import hc_collapse
+from dsflash.model.dtypes import f32
+from dsflash.model.engram_hash import (
+    layer_addressing,
+    synthetic_compression_map,
+)
+from dsflash.model.mhc import hc_collapse, hc_post
 from dsflash.model.norm_rope import RMSNorm
 from dsflash.model.weights import init_weights
+from dsflash.plugins.registry import OpSet
 
 
 class DSFlashModel(nn.Module):
@@ -42,10 +47,11 @@ class DSFlashModel(nn.Module):
                              f"[0, engram_compressed_vocab_size={cfg.engram_compressed_vocab_size})")
         self.addressing = layer_addressing(cfg, vocab_map) if cfg.engram_layer_ids else {}
         self.register_buffer("engram_vocab_map", torch.from_numpy(vocab_map), persistent=False)
+        # The custom ops' implementation (reference maths, or torch.library ops for export).
+        self.ops = OpSet("reference")
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(
-            Block(cfg, i, self.addressing[i].rows if i in self.addressing else None)
-            for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(Block(cfg, i, self.ops, self.addressing.get(i))
+                                    for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
@@ -121,21 +127,33 @@ class DSFlashModel(nn.Module):
         seq_len = state["seq_len"]
         pos = seq_len.unsqueeze(1) + torch.arange(s, device=ids_BS.device)
         hist = state["engram_hist"]
-        rows = self._engram_rows(torch.cat((hist, ids_BS), dim=1), s)
+        cids = self._compressed_ids(torch.cat((hist, ids_BS), dim=1))
         streams = self.embed(ids_BS).unsqueeze(2).expand(-1, -1, cfg.hc_mult, -1).contiguous()
         pi = torch.zeros(b, s, cfg.hc_mult, device=ids_BS.device)
         pi[..., 0] = 1.0  # layer 0's attention collapses stream 0 only
         shared = StepShared() if shared is None else shared
-        adds, swa_rows = {}, []
+        adds, swa_rows, pending = {}, [], None  # pending: the last FFN's (y, post, comb)
         for i in range(first, stop):
+            blk = self.layers[i]
+            if pending is None or blk.engram is not None:
+                if pending is not None:
+                    streams = hc_post(streams, *pending)
+                streams, x, coeffs = blk.enter(streams, pi, cids)
+            else:
+                streams, x, coeffs = blk.attn_boundary(streams, *pending, pi)
             args = dict(pos_BS=pos, shared=shared, source=self._source_state(state, i),
                         **self._window(state, i, pos))
-            streams, pi, kv_rows, src_adds = self.layers[i](streams, pi, rows.get(i), args)
+            streams, y, (pi, f_post, f_comb), kv_rows, src_adds = blk(streams, x, coeffs, args)
+            pending = (y, f_post, f_comb)
             swa_rows.append(kv_rows)
             self._collect(adds, i, src_adds)
+        if pending is not None:
+            streams = hc_post(streams, *pending)
         if publish_layer is not None:
             blk = self.layers[publish_layer]
-            _, x = blk.attn_input(streams, pi, rows.get(publish_layer))
+            if blk.engram is not None:
+                streams = blk.engram(streams, cids)
+            x = blk.attn_norm(hc_collapse(streams, pi))
             src_adds = blk.attn._publish(x, pos, self._source_state(state, publish_layer), shared)
             self._collect(adds, publish_layer, src_adds)
         adds.update(swa_rows=torch.stack(swa_rows), swa_first_layer=first, pos=pos,
@@ -146,7 +164,7 @@ class DSFlashModel(nn.Module):
         x = self.norm(hc_collapse(streams, pi))
         if not all_logits:
             x = x[:, -1]
-        return self.head(x).float(), adds
+        return f32(self.head(x)), adds
 
     # ------------------------------------------------------------------ helpers
     def _check_ids(self, ids_BS) -> torch.Tensor:
@@ -177,11 +195,10 @@ class DSFlashModel(nn.Module):
             state[f"index_k.{src}"] = state[f"index_k.{src}"][:, :0]
         return state
 
-    def _engram_rows(self, ids_hist_BT: torch.Tensor, n_new: int) -> dict[int, torch.Tensor]:
-        cids = torch.where(ids_hist_BT >= 0, self.engram_vocab_map[ids_hist_BT.clamp_min(0)],
+    def _compressed_ids(self, ids_hist_BT: torch.Tensor) -> torch.Tensor:
+        """Token ids -> Engram compressed ids; -1 (before the sequence start) stays -1."""
+        return torch.where(ids_hist_BT >= 0, self.engram_vocab_map[ids_hist_BT.clamp_min(0)],
                            torch.full_like(ids_hist_BT, -1))
-        return {layer: hash_rows(cids, addr, self.cfg.engram_n_heads, n_new)
-                for layer, addr in self.addressing.items()}
 
     def _window(self, state: dict, layer: int, pos_BS: torch.Tensor) -> dict:
         """Ring rows of this layer with their positions (the ring holds seq_len-W .. seq_len-1)."""

@@ -13,10 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dsflash.model.dtypes import cast, f32
+
 
 def clamped_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, limit: float) -> torch.Tensor:
-    gate = F.linear(x, w1).float()
-    up = F.linear(x, w3).float()
+    gate = f32(F.linear(x, w1))
+    up = f32(F.linear(x, w3))
     return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
 
 
@@ -32,7 +34,7 @@ class Expert(nn.Module):
         h = clamped_swiglu(x, self.w1.weight, self.w3.weight, self.limit)
         if weight is not None:
             h = h * weight.unsqueeze(-1)
-        return self.w2(h.to(x.dtype))
+        return self.w2(cast(h, x.dtype))
 
 
 class Router(nn.Module):
@@ -48,9 +50,9 @@ class Router(nn.Module):
         self.bias_vl = nn.Parameter(torch.zeros(n))
 
     def forward(self, x_TE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = F.linear(x_TE.float(), self.weight.float()) / self.temp
+        logits = F.linear(f32(x_TE), f32(self.weight)) / self.temp
         scores = torch.sqrt(F.softplus(logits))
-        idx = torch.topk(scores + self.bias.float(), self.top_k, dim=-1).indices
+        idx = torch.topk(scores + f32(self.bias), self.top_k, dim=-1).indices
         w = scores.gather(-1, idx)
         if self.norm_topk:
             w = w / (w.sum(-1, keepdim=True) + 1e-20)
@@ -77,15 +79,34 @@ class MoE(nn.Module):
 
     def forward(self, x_BSE: torch.Tensor) -> torch.Tensor:
         if self.dense:
-            return self.w2(clamped_swiglu(x_BSE, self.w1.weight, self.w3.weight, self.limit).to(x_BSE.dtype))
+            return self.w2(cast(clamped_swiglu(x_BSE, self.w1.weight, self.w3.weight, self.limit), x_BSE.dtype))
         x = x_BSE.flatten(0, -2)
         idx, w = self.gate(x)
         out = torch.zeros_like(x, dtype=torch.float32)
+        if torch.compiler.is_compiling():
+            return cast(self._add_shared(x, self._dense_dispatch(x, idx, w)), x_BSE.dtype).view_as(x_BSE)
         for e, expert in enumerate(self.experts):
             tok, slot = torch.nonzero(idx == e, as_tuple=True)
             if tok.numel() == 0:
                 continue
-            out.index_add_(0, tok, expert(x[tok], w[tok, slot]).float())
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x).float()
-        return out.to(x_BSE.dtype).view_as(x_BSE)
+            out.index_add_(0, tok, f32(expert(x[tok], w[tok, slot])))
+        return cast(self._add_shared(x, out), x_BSE.dtype).view_as(x_BSE)
+
+    def _dense_dispatch(self, x_TE: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Graph-capture form (export, compile): no data-dependent shapes, so every expert runs on
+        every row, batched, with routing weight 0 where not selected. 0 * h is exactly 0, so this
+        equals the gathered form up to summation order."""
+        dense_w = torch.zeros(x_TE.shape[0], len(self.experts), device=x_TE.device).scatter(1, idx, w)
+        w1 = torch.stack([e.w1.weight for e in self.experts])  # [E, I, H]
+        w3 = torch.stack([e.w3.weight for e in self.experts])
+        w2 = torch.stack([e.w2.weight for e in self.experts])  # [E, H, I]
+        gate = f32(torch.einsum("th,eih->tei", x_TE, w1))
+        up = f32(torch.einsum("th,eih->tei", x_TE, w3))
+        limit = self.experts[0].limit
+        h = F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit) * dense_w.unsqueeze(-1)
+        return f32(torch.einsum("tei,ehi->th", cast(h, x_TE.dtype), w2))
+
+    def _add_shared(self, x_TE: torch.Tensor, out_TE: torch.Tensor) -> torch.Tensor:
+        if self.shared_experts is None:
+            return out_TE
+        return out_TE + f32(self.shared_experts(x_TE))

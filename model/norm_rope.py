@@ -13,13 +13,15 @@ import math
 import torch
 from torch import nn
 
+from dsflash.model.dtypes import cast, f32
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    xf = x.float()
+    xf = f32(x)
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     if weight is not None:
-        y = y * weight.float()
-    return y.to(x.dtype)
+        y = y * f32(weight)
+    return cast(y, x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -64,13 +66,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: b
     """
     half = cos.shape[-1]
     rd = 2 * half
-    rot = x[..., -rd:].float()
+    rot = f32(x[..., -rd:])
     even, odd = rot[..., 0::2], rot[..., 1::2]
     if inverse:
         sin = -sin
     out_even = even * cos - odd * sin
     out_odd = even * sin + odd * cos
-    rotated = torch.stack((out_even, out_odd), dim=-1).flatten(-2).to(x.dtype)
+    rotated = cast(torch.stack((out_even, out_odd), dim=-1).flatten(-2), x.dtype)
     return torch.cat((x[..., :-rd], rotated), dim=-1)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from dsflash.model.dtypes import f32
+
 E4M3_MAX = 448.0
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
@@ -18,7 +20,7 @@ E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
     if x.shape[-1] % block:
         raise ValueError(f"last dim {x.shape[-1]} is not a multiple of the quantisation block {block}")
-    return x.float().unflatten(-1, (x.shape[-1] // block, block))
+    return f32(x).unflatten(-1, (x.shape[-1] // block, block))
 
 
 def _pow2_ceil(v: torch.Tensor) -> torch.Tensor:

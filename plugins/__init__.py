@@ -1,1 +1,1 @@
-"""dsflash.plugins (see PIPELINE.md §1)."""
+"""Custom ops: per op a reference (the spec), a declaration, and its backends."""

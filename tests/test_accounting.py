@@ -1,8 +1,13 @@
 import pytest
 import torch
 
-from dsflash.model.accounting import (count_parameters, global_kv_bytes_per_token, max_sequences,
-                                      per_sequence_bytes, sequence_bytes)
+from dsflash.model.accounting import (
+    count_parameters,
+    global_kv_bytes_per_token,
+    max_sequences,
+    per_sequence_bytes,
+    sequence_bytes,
+)
 from dsflash.model.config import ModelConfig
 from dsflash.model.model import DSFlashModel
 

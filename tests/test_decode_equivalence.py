@@ -7,8 +7,9 @@ index_topk (4) < candidate pool (8 entries) < visible entries, so selection is r
 import pytest
 import torch
 
-from conftest import random_ids
 from dsflash.model.cache import ModelCache
+
+from conftest import random_ids
 from tolerances import MODEL, assert_close
 
 LENGTH = 37

@@ -6,8 +6,19 @@ import torch
 
 from dsflash.model.config import ModelConfig
 from dsflash.model.engram import engram_gate_update
-from dsflash.model.engram_hash import (build_compression_map, hash_rows, layer_addressing,
-                                       normalize_token_text, synthetic_compression_map)
+from dsflash.model.engram_hash import (
+    build_compression_map,
+    layer_addressing,
+    normalize_token_text,
+    synthetic_compression_map,
+)
+from dsflash.plugins.engram_hash_gather.reference import engram_hash_rows
+
+
+def hash_rows(cids, addr, heads):
+    return engram_hash_rows(cids, list(addr.multipliers), list(addr.primes), list(addr.offsets),
+                            addr.pad_id, heads)
+
 
 FLASH_MULTIPLIERS = {
     1: [76632096046245, 4839876093313, 35959672319349, 73987337458391],
@@ -48,11 +59,11 @@ def test_flash_multipliers_are_exact_ints(flash_addressing):
 def test_all_pad_context_row_ids(flash_addressing):
     cfg, addr = flash_addressing
     cids = torch.full((1, 4), 2, dtype=torch.int64)  # lookback of pads, current token pad
-    rows = hash_rows(cids, addr[1], cfg.engram_n_heads, 1)
+    rows = hash_rows(cids, addr[1], cfg.engram_n_heads)
     assert rows[0, 0].tolist() == ALL_PAD_ROWS_L1
     # Positions before the start are blocked and read as pad: same rows for a pad at position 0.
     start = torch.tensor([[-1, -1, -1, 2]])
-    assert hash_rows(start, addr[1], cfg.engram_n_heads, 1)[0, 0].tolist() == ALL_PAD_ROWS_L1
+    assert hash_rows(start, addr[1], cfg.engram_n_heads)[0, 0].tolist() == ALL_PAD_ROWS_L1
 
 
 @pytest.mark.parametrize("split", [1, 2, 3, 7, 19])
@@ -61,10 +72,10 @@ def test_hashes_identical_whole_or_split(tiny_cfg, gen, split):
     n, look = 20, tiny_cfg.engram_max_ngram_size - 1
     ids = torch.randint(0, 256, (2, n), generator=gen)
     pad = torch.full((2, look), -1)
-    whole = hash_rows(torch.cat((pad, ids), 1), addr, tiny_cfg.engram_n_heads, n)
-    first = hash_rows(torch.cat((pad, ids[:, :split]), 1), addr, tiny_cfg.engram_n_heads, split)
+    whole = hash_rows(torch.cat((pad, ids), 1), addr, tiny_cfg.engram_n_heads)
+    first = hash_rows(torch.cat((pad, ids[:, :split]), 1), addr, tiny_cfg.engram_n_heads)
     hist = torch.cat((pad, ids[:, :split]), 1)[:, -look:]
-    second = hash_rows(torch.cat((hist, ids[:, split:]), 1), addr, tiny_cfg.engram_n_heads, n - split)
+    second = hash_rows(torch.cat((hist, ids[:, split:]), 1), addr, tiny_cfg.engram_n_heads)
     assert torch.equal(torch.cat((first, second), 1), whole)
     assert int(whole.min()) >= 0 and int(whole.max()) < addr.rows
 
@@ -72,9 +83,9 @@ def test_hashes_identical_whole_or_split(tiny_cfg, gen, split):
 def test_dead_token_blocks_longer_ngrams(tiny_cfg):
     addr = layer_addressing(tiny_cfg, synthetic_compression_map(512, 256))[1]
     h = tiny_cfg.engram_n_heads
-    a = hash_rows(torch.tensor([[5, 6, -1, 9]]), addr, h, 1)[0, 0]
-    b = hash_rows(torch.tensor([[7, 8, -1, 9]]), addr, h, 1)[0, 0]
-    c = hash_rows(torch.tensor([[5, 6, 4, 9]]), addr, h, 1)[0, 0]
+    a = hash_rows(torch.tensor([[5, 6, -1, 9]]), addr, h)[0, 0]
+    b = hash_rows(torch.tensor([[7, 8, -1, 9]]), addr, h)[0, 0]
+    c = hash_rows(torch.tensor([[5, 6, 4, 9]]), addr, h)[0, 0]
     assert torch.equal(a, b)  # nothing before the dead token leaks through
     assert not torch.equal(a[:h], c[:h])
 

@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from conftest import random_ids
 from dsflash.model.generate import SamplingParams, generate, sample_next
+
+from conftest import random_ids
 
 
 def test_greedy_generate_matches_forward_argmax(tiny_model, gen):

@@ -2,8 +2,16 @@ import math
 
 import torch
 
-from dsflash.model.mhc import hc_collapse, hc_mixes, hc_post, mhc_boundary, sinkhorn, split_mixes
+from dsflash.model.mhc import (
+    hc_collapse,
+    hc_mixes,
+    hc_post,
+    mhc_boundary,
+    sinkhorn,
+    split_mixes,
+)
 from dsflash.model.norm_rope import rms_norm
+
 from tolerances import OP_FP32, SINKHORN_SUM, assert_close
 
 
@@ -65,7 +73,7 @@ def test_fused_boundary_equals_op_by_op(gen):
                                   *_site(gen, hc, e)[1:], hc, 20, 1e-6)
     fn, base, scale = _site(gen, hc, e)
     w = torch.rand(e, generator=gen) + 0.5
-    new, x, (p2, q2, c2) = mhc_boundary(streams, y, post, comb, pre, fn, base, scale, w, 20, 1e-6, 1e-20)
+    new, x, p2, q2, c2 = mhc_boundary(streams, y, post, comb, pre, fn, base, scale, w, 20, 1e-6, 1e-20)
     ref_new = hc_post(streams, y, post, comb)
     ref_pre, ref_post, ref_comb = hc_mixes(ref_new, fn, base, scale, 20, 1e-6, 1e-20)
     ref_x = rms_norm(hc_collapse(ref_new, pre), w, 1e-20)

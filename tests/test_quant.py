@@ -1,12 +1,18 @@
 import pytest
 import torch
 
-from conftest import random_ids
 from dsflash.model.cache import ModelCache
 from dsflash.model.config import ModelConfig
 from dsflash.model.model import DSFlashModel
-from dsflash.model.quant import (E2M1_GRID, fp4_e4m3scale_qat, fp4_pow2_qat, fp8_e4m3_qat,
-                                 round_e2m1)
+from dsflash.model.quant import (
+    E2M1_GRID,
+    fp4_e4m3scale_qat,
+    fp4_pow2_qat,
+    fp8_e4m3_qat,
+    round_e2m1,
+)
+
+from conftest import random_ids
 from tolerances import MODEL, assert_close
 
 

@@ -1,9 +1,10 @@
 import pytest
 import torch
 
-from conftest import random_ids
 from dsflash.model.model import DSFlashModel
 from dsflash.model.weights import load_safetensors, save_safetensors
+
+from conftest import random_ids
 
 
 def test_release_names(tiny_model):

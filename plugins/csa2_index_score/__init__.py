@@ -1,0 +1,1 @@
+"""The csa2_index_score op (PIPELINE.md §4)."""

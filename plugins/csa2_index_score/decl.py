@@ -1,0 +1,8 @@
+from dsflash.plugins.csa2_index_score import reference
+from dsflash.plugins.declaration import OpDecl, Port
+
+DECL = OpDecl(
+    name="Csa2IndexScore", torch_name="csa2_index_score",
+    inputs=(Port("q", "float"), Port("w", "float"), Port("k", "float"), Port("visible", "bool")),
+    outputs=(Port("scores", "float"),), attrs=(),
+    reference=reference.csa2_index_score, shape_fn=reference.shape)

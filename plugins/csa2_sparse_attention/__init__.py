@@ -1,0 +1,1 @@
+"""The csa2_sparse_attention op (PIPELINE.md §4)."""

@@ -1,0 +1,1 @@
+"""The engram_hash_gather op (PIPELINE.md §4)."""

@@ -1,0 +1,1 @@
+"""The mhc_boundary op (PIPELINE.md §4)."""

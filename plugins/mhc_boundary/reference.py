@@ -1,0 +1,65 @@
+"""MhcBoundary reference: one single-pass mHC sublayer boundary (ARCHITECTURE.md §4.1, §8).
+
+Given the residual R_prev [B,S,C,E], the finished sublayer's output y [B,S,E], its post [B,S,C]
+and comb [B,S,C,C], and the pre it handed on [B,S,C] (the shift of V4.1):
+  R    = post (x) y + comb^T R_prev                      (summed in fp32, rounded once)
+  x    = RMSNorm_next(sum_i pre_i R_i)                   (the next sublayer's input)
+  next = coefficients of the next site from R: mixes = (vec(R) . fn^T) * rsqrt(mean R^2 + eps)
+         pre' = sigmoid(mixes[:C] s0 + b) + hc_eps, post' = 2 sigmoid(...), comb' = Sinkhorn(...)
+The rms of R is applied after the projection (the fused kernel's order).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsflash.plugins.dtypes import cast, f32
+
+
+def sinkhorn(logits_BSCC: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """Row softmax + eps, then alternate column / row normalisation (iters steps in all)."""
+    c = torch.softmax(f32(logits_BSCC), dim=-1) + eps
+    c = c / (c.sum(-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        c = c / (c.sum(-1, keepdim=True) + eps)
+        c = c / (c.sum(-2, keepdim=True) + eps)
+    return c
+
+
+def split_mixes(mixes_BSM: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, hc: int,
+                iters: int, hc_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(2+C)*C raw mixes -> (pre [B,S,C], post [B,S,C], comb [B,S,C,C]) in fp32."""
+    base, scale = f32(base), f32(scale)
+    pre = torch.sigmoid(mixes_BSM[..., :hc] * scale[0] + base[:hc]) + hc_eps
+    post = 2.0 * torch.sigmoid(mixes_BSM[..., hc:2 * hc] * scale[1] + base[hc:2 * hc])
+    logits = mixes_BSM[..., 2 * hc:] * scale[2] + base[2 * hc:]
+    return pre, post, sinkhorn(logits.unflatten(-1, (hc, hc)), iters, hc_eps)
+
+
+def hc_collapse(streams_BSCE: torch.Tensor, pre_BSC: torch.Tensor) -> torch.Tensor:
+    return cast((pre_BSC.unsqueeze(-1) * f32(streams_BSCE)).sum(-2), streams_BSCE.dtype)
+
+
+def hc_post(streams_BSCE: torch.Tensor, y_BSE: torch.Tensor, post_BSC: torch.Tensor,
+            comb_BSCC: torch.Tensor) -> torch.Tensor:
+    """R'_k = post_k y + sum_j comb[j,k] R_j (comb applied transposed), fp32 sum, one rounding."""
+    mixed = torch.einsum("bsjk,bsje->bske", comb_BSCC, f32(streams_BSCE))
+    return cast(post_BSC.unsqueeze(-1) * f32(y_BSE).unsqueeze(-2) + mixed, streams_BSCE.dtype)
+
+
+def mhc_boundary(streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next, base_next, scale_next,
+                 norm_weight, iters: int, hc_eps: float, rms_eps: float):
+    """-> (new streams, next sublayer input, next pre, next post, next comb)."""
+    new = hc_post(streams_BSCE, y_BSE, post_BSC, comb_BSCC)
+    flat = f32(new).flatten(-2)
+    acc = flat @ f32(fn_next).t()
+    rstd = torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + rms_eps)
+    pre, post, comb = split_mixes(acc * rstd, base_next, scale_next, new.shape[-2], iters, hc_eps)
+    x = f32(hc_collapse(new, pre_BSC))
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + rms_eps) * f32(norm_weight)
+    return new, cast(x, streams_BSCE.dtype), pre, post, comb
+
+
+def shape(streams, y, post, comb, pre, fn, base, scale, norm_weight, iters, hc_eps, rms_eps):
+    b, s, c, e = streams
+    return [tuple(streams), (b, s, e), (b, s, c), (b, s, c), (b, s, c, c)]

@@ -1,0 +1,67 @@
+"""The op registry: the declarations of every custom op and `OpSet`, which the model calls.
+
+`OpSet("reference")` runs the PyTorch references (the spec); `OpSet("custom_op")` runs the same
+maths through torch.library ops `torch.ops.dsflash.*`, which export as trt.plugins nodes (the
+plugin flavor). The model holds one OpSet instance; switching it changes no model code.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsflash.plugins.csa2_index_score.decl import DECL as INDEX_SCORE
+from dsflash.plugins.csa2_sparse_attention.decl import DECL as SPARSE_ATTENTION
+from dsflash.plugins.declaration import OpDecl
+from dsflash.plugins.engram_hash_gather.decl import DECL as ENGRAM_HASH_GATHER
+from dsflash.plugins.mhc_boundary.decl import DECL as MHC_BOUNDARY
+
+DECLS: tuple[OpDecl, ...] = (ENGRAM_HASH_GATHER, INDEX_SCORE, SPARSE_ATTENTION, MHC_BOUNDARY)
+BACKENDS = ("reference", "custom_op")
+
+
+def decl_by_name(name: str) -> OpDecl:
+    for d in DECLS:
+        if d.name == name:
+            return d
+    raise KeyError(f"no custom op named {name!r}; known: {[d.name for d in DECLS]}")
+
+
+class OpSet:
+    def __init__(self, backend: str = "reference"):
+        self.backend = backend
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    @backend.setter
+    def backend(self, value: str) -> None:
+        if value not in BACKENDS:
+            raise ValueError(f"unknown op backend {value!r}; backends: {BACKENDS}")
+        if value == "custom_op":
+            from dsflash.plugins.torch_ops import register_torch_ops
+
+            register_torch_ops()
+        self._backend = value
+
+    def _call(self, decl: OpDecl, *inputs, **attrs):
+        if self._backend == "reference":
+            return decl.reference(*inputs, **attrs)
+        op = getattr(torch.ops.dsflash, decl.torch_name)
+        return op(*inputs, *(attrs[a.name] for a in decl.attrs))
+
+    def engram_hash_gather(self, cids_BT, table, multipliers, primes, offsets, pad_id, heads):
+        return self._call(ENGRAM_HASH_GATHER, cids_BT, table, multipliers=list(multipliers),
+                          primes=list(primes), offsets=list(offsets), pad_id=pad_id, heads=heads)
+
+    def csa2_index_score(self, q_BSIJ, w_BSI, k_BNJ, visible_BSN):
+        return self._call(INDEX_SCORE, q_BSIJ, w_BSI, k_BNJ, visible_BSN)
+
+    def csa2_sparse_attention(self, q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale):
+        return self._call(SPARSE_ATTENTION, q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H,
+                          scale=float(scale))
+
+    def mhc_boundary(self, streams, y, post, comb, pre, fn, base, scale, norm_weight, iters,
+                     hc_eps, rms_eps):
+        return self._call(MHC_BOUNDARY, streams, y, post, comb, pre, fn, base, scale, norm_weight,
+                          iters=int(iters), hc_eps=float(hc_eps), rms_eps=float(rms_eps))
