@@ -1,0 +1,199 @@
+"""Bundles: `engines/<name>/` with the ONNX graphs, one shared weights file, config.json and
+manifest.json (model config, state contract, per graph and flavor the I/O names / dtypes /
+dynamic dims, sha256 of every file, versions, creation time). `Bundle.open` verifies the hashes
+and each graph's I/O against the manifest and the contract, naming the first difference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import platform
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+from dsflash.export.contract import GRAPHS, contract_dict, graph_inputs, graph_outputs
+from dsflash.model.config import ModelConfig
+
+log = logging.getLogger(__name__)
+MANIFEST_FORMAT = 1
+ONNX_DTYPES = {1: "float32", 7: "int64", 9: "bool", 10: "float16", 16: "bfloat16"}
+
+
+class BundleError(ValueError):
+    """A bundle that does not match its manifest or the contract."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def graph_file(graph: str, flavor: str) -> str:
+    return f"{graph}.{flavor}.onnx"
+
+
+def onnx_io(proto) -> dict:
+    """Inputs and outputs of an ONNX graph: name, dtype, shape (ints or dimension names)."""
+    def describe(values):
+        out = []
+        for v in values:
+            t = v.type.tensor_type
+            dims = [d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim]
+            out.append({"name": v.name, "dtype": ONNX_DTYPES.get(t.elem_type, str(t.elem_type)),
+                        "shape": dims})
+        return out
+
+    return {"inputs": describe(proto.graph.input), "outputs": describe(proto.graph.output)}
+
+
+def custom_nodes(proto) -> list[str]:
+    from dsflash.plugins.declaration import DOMAIN
+
+    return sorted({n.op_type for n in proto.graph.node if n.domain == DOMAIN})
+
+
+def first_io_difference(actual: dict, expected: dict) -> str | None:
+    """Compare two `onnx_io` descriptions; None when equal, else the first difference."""
+    for side in ("inputs", "outputs"):
+        a, e = actual[side], expected[side]
+        for i, (x, y) in enumerate(zip(a, e)):
+            for key in ("name", "dtype"):
+                if x[key] != y[key]:
+                    return f"{side[:-1]} {i}: {key} {x[key]!r} != expected {y[key]!r}"
+            if len(x["shape"]) != len(y["shape"]):
+                return f"{side[:-1]} {i} ({x['name']}): rank {len(x['shape'])} != expected {len(y['shape'])}"
+            for j, (dx, dy) in enumerate(zip(x["shape"], y["shape"])):
+                if isinstance(dy, int) and dy and dx != dy:
+                    return f"{side[:-1]} {i} ({x['name']}): dim {j} is {dx!r}, expected {dy}"
+                if isinstance(dy, str) and not isinstance(dx, str):
+                    return f"{side[:-1]} {i} ({x['name']}): dim {j} is static {dx}, expected dynamic"
+        if len(a) != len(e):
+            return f"{len(a)} {side} != expected {len(e)}"
+    return None
+
+
+def contract_io(cfg: ModelConfig, graph: str, dtype: str = "float32") -> dict:
+    """The I/O the contract prescribes, in `onnx_io` form (dynamic dims as their names)."""
+    from dsflash.model.cache import static_dims
+
+    dims = static_dims(cfg)
+
+    def describe(tensors):
+        return [{"name": t.name, "dtype": dtype if t.dtype == "model" else t.dtype,
+                 "shape": [int(d) if d.isdigit() else dims.get(d, d) for d in t.shape]}
+                for t in tensors]
+
+    return {"inputs": describe(graph_inputs(cfg, graph)), "outputs": describe(graph_outputs(cfg, graph))}
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "onnx", "onnxruntime", "onnxscript", "dsflash"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+@dataclass
+class Bundle:
+    path: Path
+    manifest: dict
+    config: ModelConfig
+
+    @classmethod
+    def open(cls, path: str | Path, verify: bool = True) -> "Bundle":
+        path = Path(path)
+        mpath = path / "manifest.json"
+        if not mpath.is_file():
+            raise BundleError(f"{path} is not a bundle: manifest.json is missing")
+        manifest = json.loads(mpath.read_text())
+        if manifest.get("format") != MANIFEST_FORMAT:
+            raise BundleError(f"manifest format {manifest.get('format')!r}; this dsflash reads "
+                              f"{MANIFEST_FORMAT}")
+        bundle = cls(path, manifest, ModelConfig.from_dict(manifest["config"]))
+        if verify:
+            bundle.verify()
+        return bundle
+
+    @property
+    def flavors(self) -> list[str]:
+        return sorted({f for g in self.manifest["graphs"].values() for f in g})
+
+    def graph_path(self, graph: str, flavor: str) -> Path:
+        try:
+            entry = self.manifest["graphs"][graph][flavor]
+        except KeyError:
+            raise BundleError(f"bundle {self.path} has no {flavor!r} {graph!r} graph; flavors: "
+                              f"{self.flavors}") from None
+        return self.path / entry["file"]
+
+    def verify(self) -> None:
+        """Every file's sha256, then each graph's I/O against the manifest and the contract."""
+        import onnx
+
+        for name, digest in self.manifest["files"].items():
+            fpath = self.path / name
+            if not fpath.is_file():
+                raise BundleError(f"bundle file {name} is missing from {self.path}")
+            if sha256_file(fpath) != digest:
+                raise BundleError(f"bundle file {name} does not match its sha256 in the manifest "
+                                  "(modified or corrupted)")
+        for graph, flavors in self.manifest["graphs"].items():
+            for flavor, entry in flavors.items():
+                proto = onnx.load(str(self.path / entry["file"]), load_external_data=False)
+                self.check_io(graph, flavor, onnx_io(proto))
+
+    def check_io(self, graph: str, flavor: str, actual: dict) -> None:
+        entry = self.manifest["graphs"][graph][flavor]
+        for expected, what in ((entry["io"], "the manifest"),
+                               (contract_io(self.config, graph, self.manifest["dtype"]), "the contract")):
+            diff = first_io_difference(actual, expected)
+            if diff:
+                raise BundleError(f"{graph} ({flavor}) does not match {what}: {diff}")
+
+
+def write_bundle(model, out_dir: str | Path, name: str, flavors: tuple[str, ...],
+                 progress: Callable[[str], None] | None = None) -> Bundle:
+    """Export every graph in every flavor, share the weights, write config and manifest."""
+    import onnx
+
+    from dsflash.export.onnx_export import export_graph, write_shared_weights
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = model.cfg
+    protos, t0 = {}, time.time()
+    for flavor in flavors:
+        for graph in GRAPHS:
+            if progress:
+                progress(f"exporting {graph} ({flavor})")
+            protos[(graph, flavor)] = export_graph(model, graph, flavor)
+    write_shared_weights(protos, out)
+    graphs: dict = {g: {} for g in GRAPHS}
+    for (graph, flavor), proto in protos.items():
+        fname = graph_file(graph, flavor)
+        onnx.save(proto, str(out / fname))
+        graphs[graph][flavor] = {"file": fname, "io": onnx_io(proto), "custom_ops": custom_nodes(proto),
+                                 "opset": {i.domain or "ai.onnx": i.version for i in proto.opset_import},
+                                 "ir_version": proto.ir_version}
+    cfg.to_json(out / "config.json")
+    dtype = str(model.embed.weight.dtype).removeprefix("torch.")
+    files = sorted([graph_file(g, f) for g, f in protos] + ["weights.bin", "config.json"])
+    manifest = {"format": MANIFEST_FORMAT, "name": name, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "export_seconds": round(time.time() - t0, 1), "dtype": dtype, "versions": versions(),
+                "config": cfg.to_dict(), "contract": contract_dict(cfg), "graphs": graphs,
+                "files": {f: sha256_file(out / f) for f in files}}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    bundle = Bundle.open(out)
+    log.info("bundle %s written to %s", name, out)
+    return bundle

@@ -1,0 +1,113 @@
+"""Export the two graphs to ONNX in the plugin and portable flavors (PIPELINE.md §2, §4).
+
+`torch.onnx.export(dynamo=True)` on `GraphModule`, with dynamic batch, rows and cache capacity
+(N<m> entry axes) from the contract. Plugin flavor: the model's OpSet runs torch.library ops that
+translate to trt.plugins nodes. Portable: the same model with the reference maths, standard
+ONNX ops only. Stable sorts (top-k ties to the lower index) become ONNX TopK, whose spec breaks
+ties the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from dsflash.export.contract import graph_inputs
+from dsflash.export.graphs import GraphModule
+from dsflash.model.model import DSFlashModel
+
+log = logging.getLogger(__name__)
+FLAVORS = ("plugin", "portable")
+# Example sizes for tracing: all distinct and > 1 so no dimension is specialised or equated.
+EXAMPLE_BATCH, EXAMPLE_ROWS, EXAMPLE_CAPACITY = 2, 5, 40
+
+
+def _sort_stable(self, stable=None, dim: int = -1, descending: bool = False):
+    from onnxscript import opset18 as op
+
+    k = op.Shape(self, start=dim, end=dim + 1 if dim != -1 else None)
+    return op.TopK(self, k, axis=dim, largest=1 if descending else 0, sorted=1)
+
+
+def translation_table(flavor: str) -> dict:
+    table = {torch.ops.aten.sort.stable: _sort_stable}
+    if flavor == "plugin":
+        from dsflash.plugins.onnx_translation import plugin_translation_table
+
+        table.update(plugin_translation_table())
+    return table
+
+
+def export_graph(model: DSFlashModel, graph: str, flavor: str):
+    """-> onnx.ModelProto with in-memory initializers named by the model's parameter names."""
+    if flavor not in FLAVORS:
+        raise ValueError(f"unknown flavor {flavor!r}; flavors: {FLAVORS}")
+    if model.cfg.kv_qat:
+        raise ValueError("export of kv_qat models is not supported yet (FP8/FP4 round-trips)")
+    module = GraphModule(model, graph).eval()
+    cfg = model.cfg
+    example = module.example_inputs(EXAMPLE_BATCH, EXAMPLE_CAPACITY, EXAMPLE_ROWS,
+                                    dtype=model.embed.weight.dtype)
+    dynamic = tuple({axis: torch.export.Dim.AUTO for axis in t.dynamic_axes()}
+                    for t in graph_inputs(cfg, graph))
+    previous = model.ops.backend
+    model.ops.backend = "custom_op" if flavor == "plugin" else "reference"
+    try:
+        with torch.no_grad():
+            program = torch.onnx.export(
+                module, example, None, dynamo=True, input_names=module.input_names,
+                output_names=module.output_names, dynamic_shapes=(dynamic,), optimize=False,
+                custom_translation_table=translation_table(flavor), verbose=False)
+    finally:
+        model.ops.backend = previous
+    proto = program.model_proto
+    _strip_module_prefix(proto)
+    for node in proto.graph.node:  # stack traces per node triple the file size; keep names only
+        del node.metadata_props[:]
+        node.doc_string = ""
+    return proto
+
+
+def _strip_module_prefix(proto) -> None:
+    """GraphModule holds the model as `.model`; name initializers by the checkpoint names."""
+    renames = {init.name: init.name[len("model."):] for init in proto.graph.initializer
+               if init.name.startswith("model.")}
+    for init in proto.graph.initializer:
+        init.name = renames.get(init.name, init.name)
+    for node in proto.graph.node:
+        for i, name in enumerate(node.input):
+            if name in renames:
+                node.input[i] = renames[name]
+
+
+def write_shared_weights(protos: dict[str, object], out_dir: Path, weights_name: str = "weights.bin",
+                         inline_below: int = 1024) -> None:
+    """Move every large initializer into one external-data file, each distinct tensor once, and
+    point every graph at it (the graphs of a bundle share their weights)."""
+    import hashlib
+
+    from onnx import TensorProto
+
+    offsets: dict[tuple[str, str], tuple[int, int]] = {}
+    with open(out_dir / weights_name, "wb") as f:
+        for proto in protos.values():
+            for init in proto.graph.initializer:
+                raw = init.raw_data
+                if not raw or len(raw) < inline_below:
+                    continue
+                key = (init.name, hashlib.sha256(raw).hexdigest())
+                if key not in offsets:
+                    pad = (-f.tell()) % 64  # 64-byte alignment lets runtimes map tensors directly
+                    f.write(b"\0" * pad)
+                    offsets[key] = (f.tell(), len(raw))
+                    f.write(raw)
+                offset, length = offsets[key]
+                init.ClearField("raw_data")
+                init.data_location = TensorProto.EXTERNAL
+                del init.external_data[:]
+                for k, v in (("location", weights_name), ("offset", str(offset)), ("length", str(length))):
+                    entry = init.external_data.add()
+                    entry.key, entry.value = k, v
+    log.info("wrote %d distinct tensors to %s", len(offsets), weights_name)

@@ -1,0 +1,36 @@
+"""ONNX Runtime sessions for a bundle's graphs. Plugin-flavor graphs get the custom ops'
+ONNX Runtime implementations (dsflash.plugins.ort_ops); external weights resolve against the
+bundle folder."""
+
+from __future__ import annotations
+
+from dsflash.export.bundle import Bundle, BundleError, onnx_io
+
+
+def ort_session(bundle: Bundle, graph: str, flavor: str, providers: list[str] | None = None):
+    import onnx
+    import onnxruntime as ort
+
+    path = bundle.graph_path(graph, flavor)
+    proto = onnx.load(str(path), load_external_data=False)
+    if flavor == "plugin":
+        from dsflash.plugins.ort_ops import ort_plugin_model, ort_session_options
+
+        opts = ort_session_options()
+        proto = ort_plugin_model(proto)
+    else:
+        opts = ort.SessionOptions()
+    # The model is handed over as bytes, so tell ONNX Runtime where weights.bin lives.
+    opts.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                  str(bundle.path.resolve()))
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(proto.SerializeToString(), opts,
+                                   providers=providers or ["CPUExecutionProvider"])
+    actual = {"inputs": [{"name": i.name} for i in session.get_inputs()],
+              "outputs": [{"name": o.name} for o in session.get_outputs()]}
+    expected = onnx_io(onnx.load(str(path), load_external_data=False))
+    names = ([i["name"] for i in actual["inputs"]], [o["name"] for o in actual["outputs"]])
+    want = ([i["name"] for i in expected["inputs"]], [o["name"] for o in expected["outputs"]])
+    if names != want:
+        raise BundleError(f"session for {graph} ({flavor}) has I/O {names}, the graph declares {want}")
+    return session
