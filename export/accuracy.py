@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 REFERENCE = "pytorch-reference"
 
 
-@dataclass
+@dataclass(eq=False)
 class Step:
     graph: str
     feeds: "OrderedDict[str, np.ndarray]"
@@ -84,7 +84,8 @@ def check_bundle(bundle: Bundle, model: DSFlashModel, flavor: str, steps: list[S
                  save_dir: Path | None = None) -> CheckReport:
     """Compare ONNX Runtime on the bundle's `flavor` graphs with the reference steps."""
     from polygraphy.backend.onnxrt import OnnxrtRunner
-    from polygraphy.comparator import Comparator, CompareFunc, RunResults
+    from polygraphy.comparator import Comparator
+    from polygraphy.comparator.compare import SimpleCompareFunc
     from polygraphy.comparator.struct import IterationResult
 
     from dsflash.export.ort_session import ort_session
@@ -100,8 +101,8 @@ def check_bundle(bundle: Bundle, model: DSFlashModel, flavor: str, steps: list[S
         results = Comparator.run([runner], data_loader=[s.feeds for s in mine])
         results.append((REFERENCE, [IterationResult(outputs=s.outputs, runner_name=REFERENCE) for s in mine]))
         accuracy = Comparator.compare_accuracy(
-            results, compare_func=CompareFunc.simple(atol=tol["atol"], rtol=tol["rtol"],
-                                                     check_error_stat="elemwise"))
+            results, compare_func=SimpleCompareFunc(atol=tol["atol"], rtol=tol["rtol"],
+                                                    check_error_stat="elemwise"))
         _record_errors(report, graph, results, runner_name)
         if save_dir is not None:
             _save(save_dir, graph, flavor, mine, results)
@@ -124,11 +125,13 @@ def _record_errors(report: CheckReport, graph: str, results, runner_name: str) -
 
 
 def _first_failure(accuracy, mine: list[Step], graph: str, steps: list[Step]) -> str:
-    for per_iteration in accuracy.values():
-        for i, outputs in enumerate(per_iteration):
-            for name, ok in outputs.items():
-                if not bool(ok):
-                    return (f"step {steps.index(mine[i])} ({graph} call {i}), output {name}")
+    for result in accuracy:  # one AccuracyResult per comparison function
+        for per_iteration in result.values():
+            for i, outputs in enumerate(per_iteration):
+                for name, ok in outputs.items():
+                    if not bool(ok):
+                        step = next(k for k, st in enumerate(steps) if st is mine[i])
+                        return f"step {step} ({graph} call {i}), output {name}"
     return f"{graph}: outputs differ"
 
 

@@ -162,22 +162,63 @@ class Bundle:
                 raise BundleError(f"{graph} ({flavor}) does not match {what}: {diff}")
 
 
-def write_bundle(model, out_dir: str | Path, name: str, flavors: tuple[str, ...],
-                 progress: Callable[[str], None] | None = None) -> Bundle:
-    """Export every graph in every flavor, share the weights, write config and manifest."""
+def _export_worker(cfg_dict: dict, vocab_map, weights: str, graph: str, flavor: str) -> bytes:
+    """Export one graph in a fresh process (weights handed over as a safetensors file)."""
+    from dsflash.export.onnx_export import export_graph
+    from dsflash.model.model import DSFlashModel
+    from dsflash.model.weights import load_safetensors
+
+    model = DSFlashModel(ModelConfig.from_dict(cfg_dict), vocab_map=vocab_map).eval()
+    load_safetensors(model, weights)
+    return export_graph(model, graph, flavor).SerializeToString()
+
+
+def _export_all(model, jobs: list[tuple[str, str]], workers: int, progress) -> dict:
     import onnx
 
-    from dsflash.export.onnx_export import export_graph, write_shared_weights
+    from dsflash.export.onnx_export import export_graph
+
+    if workers <= 1:
+        protos = {}
+        for graph, flavor in jobs:
+            if progress:
+                progress(f"exporting {graph} ({flavor})")
+            protos[(graph, flavor)] = export_graph(model, graph, flavor)
+        return protos
+    import multiprocessing as mp
+    import tempfile
+    from concurrent.futures import ProcessPoolExecutor
+
+    from dsflash.model.weights import save_safetensors
+
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = str(Path(tmp) / "weights.safetensors")
+        save_safetensors(model, weights)
+        vocab = model.engram_vocab_map.cpu().numpy()
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+            futures = {job: pool.submit(_export_worker, model.cfg.to_dict(), vocab, weights, *job)
+                       for job in jobs}
+            protos = {}
+            for job, fut in futures.items():
+                protos[job] = onnx.ModelProto.FromString(fut.result())
+                if progress:
+                    progress(f"exported {job[0]} ({job[1]})")
+    return protos
+
+
+def write_bundle(model, out_dir: str | Path, name: str, flavors: tuple[str, ...],
+                 progress: Callable[[str], None] | None = None, workers: int = 1) -> Bundle:
+    """Export every graph in every flavor (in `workers` processes), share the weights, write
+    config and manifest."""
+    import onnx
+
+    from dsflash.export.onnx_export import write_shared_weights
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg
-    protos, t0 = {}, time.time()
-    for flavor in flavors:
-        for graph in GRAPHS:
-            if progress:
-                progress(f"exporting {graph} ({flavor})")
-            protos[(graph, flavor)] = export_graph(model, graph, flavor)
+    t0 = time.time()
+    protos = _export_all(model, [(g, f) for f in flavors for g in GRAPHS], workers, progress)
     write_shared_weights(protos, out)
     graphs: dict = {g: {} for g in GRAPHS}
     for (graph, flavor), proto in protos.items():

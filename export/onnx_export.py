@@ -50,6 +50,8 @@ def export_graph(model: DSFlashModel, graph: str, flavor: str):
     cfg = model.cfg
     example = module.example_inputs(EXAMPLE_BATCH, EXAMPLE_CAPACITY, EXAMPLE_ROWS,
                                     dtype=model.embed.weight.dtype)
+    # A model on the meta device exports its structure only (sizes too big to materialise here).
+    example = tuple(t.to(model.embed.weight.device) for t in example)
     dynamic = tuple({axis: torch.export.Dim.AUTO for axis in t.dynamic_axes()}
                     for t in graph_inputs(cfg, graph))
     previous = model.ops.backend
@@ -111,3 +113,16 @@ def write_shared_weights(protos: dict[str, object], out_dir: Path, weights_name:
                     entry = init.external_data.add()
                     entry.key, entry.value = k, v
     log.info("wrote %d distinct tensors to %s", len(offsets), weights_name)
+
+
+def export_structure(cfg, graph: str, flavor: str, path: str | Path) -> None:
+    """Export a graph of a config built on the meta device, without weights: checks that a size
+    exports (and shows its graph) without materialising its parameters."""
+    with torch.device("meta"):
+        model = DSFlashModel(cfg).eval()
+    model = model.to("meta")  # buffers made from numpy (the Engram vocab map) too
+    proto = export_graph(model, graph, flavor)
+    del proto.graph.initializer[:]
+    import onnx
+
+    onnx.save(proto, str(path))

@@ -24,6 +24,7 @@ def main() -> None:
     ap.add_argument("--flavor", default="both", choices=["plugin", "portable", "both"])
     ap.add_argument("--checkpoint", help="safetensors weights (default: seeded random weights)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=2, help="export processes (one graph each)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     for noisy in ("torch", "onnxscript", "onnx_ir"):
@@ -37,7 +38,7 @@ def main() -> None:
     flavors = ("plugin", "portable") if args.flavor == "both" else (args.flavor,)
     t0 = time.time()
     steps = iter(range(1, 2 * len(flavors) + 1))
-    bundle = write_bundle(model, args.out, args.config, flavors,
+    bundle = write_bundle(model, args.out, args.config, flavors, workers=args.workers,
                           progress=lambda msg: logging.info("[%d/%d] %s", next(steps), 2 * len(flavors), msg))
     print(f"bundle {bundle.path}: {', '.join(sorted(bundle.manifest['files']))} "
           f"({time.time() - t0:.0f} s)")

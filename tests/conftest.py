@@ -27,3 +27,12 @@ def gen(request) -> torch.Generator:
 
 def random_ids(gen: torch.Generator, batch: int, length: int, vocab: int) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, length), generator=gen)
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tiny_model, tmp_path_factory):
+    """The tiny model exported once per test session, both flavors (about 3 minutes)."""
+    from dsflash.export.bundle import write_bundle
+
+    return write_bundle(tiny_model, tmp_path_factory.mktemp("bundle") / "tiny", "tiny",
+                        ("plugin", "portable"), workers=2)

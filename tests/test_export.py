@@ -1,0 +1,184 @@
+"""Export of both graphs in both flavors, the bundle manifest and loader, Polygraphy checks."""
+
+import json
+import shutil
+
+import onnx
+import pytest
+import torch
+
+from conftest import random_ids
+from dsflash.export.accuracy import check_bundle, reference_steps
+from dsflash.export.bundle import Bundle, BundleError
+from dsflash.export.contract import GRAPHS, graph_inputs, graph_outputs
+from dsflash.export.ort_greedy import OrtGraphs
+from dsflash.model.generate import generate
+from dsflash.plugins.declaration import DOMAIN
+from dsflash.plugins.registry import DECLS
+
+STANDARD_DOMAINS = {"", "ai.onnx"}
+
+
+def load(bundle, graph, flavor, data=False):
+    return onnx.load(str(bundle.graph_path(graph, flavor)), load_external_data=data)
+
+
+def test_checker_passes_and_io_follows_the_contract(tiny_bundle):
+    from dsflash.plugins.onnx_translation import register_onnx_schemas
+
+    register_onnx_schemas()
+    for graph in GRAPHS:
+        for flavor in ("plugin", "portable"):
+            onnx.checker.check_model(str(tiny_bundle.graph_path(graph, flavor)), full_check=False)
+            proto = load(tiny_bundle, graph, flavor)
+            assert [i.name for i in proto.graph.input] == [t.name for t in graph_inputs(tiny_bundle.config, graph)]
+            assert [o.name for o in proto.graph.output] == [t.name for t in graph_outputs(tiny_bundle.config, graph)]
+
+
+def test_portable_has_only_standard_ops(tiny_bundle):
+    for graph in GRAPHS:
+        proto = load(tiny_bundle, graph, "portable")
+        assert {n.domain for n in proto.graph.node} <= STANDARD_DOMAINS
+        assert {i.domain for i in proto.opset_import} <= STANDARD_DOMAINS
+
+
+def test_plugin_nodes_carry_what_the_tensorrt_parser_needs(tiny_bundle):
+    cfg = tiny_bundle.config
+    expected_counts = {
+        # decoder_step: Engram layers; Full + Reindex layers score; every layer attends; one
+        # boundary after each attention and between layers except where Engram breaks it.
+        "decoder_step": {"EngramHashGather": len(cfg.engram_layer_ids),
+                         "Csa2IndexScore": len(cfg.index_source_layer_ids),
+                         "Csa2SparseAttention": cfg.num_hidden_layers,
+                         "MhcBoundary": 2 * cfg.num_hidden_layers - 1 - len(
+                             [i for i in cfg.engram_layer_ids if i > 0])},
+        "encoder_prefill": {"EngramHashGather": len(cfg.engram_layer_ids),
+                            "Csa2IndexScore": len([i for i in cfg.index_source_layer_ids
+                                                   if i < cfg.first_decoder_layer]),
+                            "Csa2SparseAttention": cfg.first_decoder_layer,
+                            "MhcBoundary": 2 * cfg.first_decoder_layer - 1 - len(
+                                [i for i in cfg.engram_layer_ids if 0 < i < cfg.first_decoder_layer])},
+    }
+    attrs_of = {d.name: {a.name for a in d.attrs} | {"plugin_namespace", "plugin_version"} for d in DECLS}
+    for graph, counts in expected_counts.items():
+        proto = load(tiny_bundle, graph, "plugin")
+        custom = [n for n in proto.graph.node if n.domain not in STANDARD_DOMAINS]
+        got = {}
+        for node in custom:
+            assert node.domain == DOMAIN
+            got[node.op_type] = got.get(node.op_type, 0) + 1
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            assert set(attrs) == attrs_of[node.op_type]
+            assert attrs["plugin_namespace"] == DOMAIN.encode() and attrs["plugin_version"] == b"1"
+        assert got == counts, graph
+        assert {"": 18, DOMAIN: 1}.keys() <= {i.domain for i in proto.opset_import} | {""}
+        assert sorted(counts) == tiny_bundle.manifest["graphs"][graph]["plugin"]["custom_ops"]
+
+
+@pytest.mark.parametrize("flavor", ["portable", "plugin"])
+def test_flavors_match_pytorch_with_polygraphy(tiny_bundle, tiny_model, gen, flavor, tmp_path):
+    cfg = tiny_model.cfg
+    # one prompt longer than the window (replay through encoder_prefill), one shorter
+    prompts = [random_ids(gen, 1, n, cfg.vocab_size)[0].tolist() for n in (19, 5)]
+    steps = reference_steps(tiny_model, prompts, decode_steps=8)
+    assert [s.graph for s in steps].count("encoder_prefill") == 1
+    report = check_bundle(tiny_bundle, tiny_model, flavor, steps, save_dir=tmp_path)
+    assert report.passed, report.first_failure
+    assert report.steps == 11
+    assert (tmp_path / "decoder_step.inputs.json").is_file()
+
+
+def test_check_reports_first_diverging_step(tiny_bundle, tiny_model, gen):
+    prompts = [random_ids(gen, 1, 6, tiny_model.cfg.vocab_size)[0].tolist()]
+    steps = reference_steps(tiny_model, prompts, decode_steps=3)
+    steps[2].outputs["logits"] = steps[2].outputs["logits"] + 1e-3  # corrupt decode step 2's reference
+    report = check_bundle(tiny_bundle, tiny_model, "portable", steps)
+    assert not report.passed
+    assert report.first_failure.startswith("step 2 ") and report.first_failure.endswith("output logits")
+
+
+def test_greedy_tokens_on_onnxruntime_equal_pytorch(tiny_bundle, tiny_model, gen):
+    prompt = random_ids(gen, 1, 14, tiny_model.cfg.vocab_size)[0].tolist()
+    expected = generate(tiny_model, [prompt], 32)[0]
+    assert OrtGraphs(tiny_bundle, "portable").greedy(prompt, 32) == expected
+
+
+def test_manifest_round_trip(tiny_bundle):
+    again = Bundle.open(tiny_bundle.path)
+    assert again.manifest == json.loads((tiny_bundle.path / "manifest.json").read_text())
+    assert again.config == tiny_bundle.config
+    m = again.manifest
+    assert set(m["files"]) == {"config.json", "weights.bin"} | {f"{g}.{f}.onnx" for g in GRAPHS
+                                                                 for f in ("plugin", "portable")}
+    assert {"torch", "onnx", "onnxruntime", "dsflash"} <= set(m["versions"])
+    assert m["contract"]["graphs"]["decoder_step"]["inputs"][0]["name"] == "ids"
+    io = m["graphs"]["decoder_step"]["portable"]["io"]
+    assert io["inputs"][0]["shape"][0] == io["inputs"][1]["shape"][1]  # the same batch dim name
+
+
+def test_shared_weights_stored_once(tiny_bundle, tiny_model):
+    n_params = sum(p.numel() for p in tiny_model.parameters())
+    size = (tiny_bundle.path / "weights.bin").stat().st_size
+    assert size < 1.1 * 4 * n_params  # every parameter once (plus alignment), not once per graph
+    total_onnx = sum((tiny_bundle.path / f).stat().st_size for f in tiny_bundle.manifest["files"]
+                     if f.endswith(".onnx"))
+    assert total_onnx < size * 6  # graphs hold structure, not weights
+
+
+@pytest.fixture
+def bundle_copy(tiny_bundle, tmp_path):
+    dst = tmp_path / "copy"
+    shutil.copytree(tiny_bundle.path, dst)
+    return dst
+
+
+def test_modified_files_are_refused(bundle_copy):
+    with open(bundle_copy / "weights.bin", "r+b") as f:
+        f.seek(100)
+        f.write(b"\x01\x02")
+    with pytest.raises(BundleError, match="bundle file weights.bin does not match its sha256"):
+        Bundle.open(bundle_copy)
+
+
+def test_modified_graph_is_refused(bundle_copy):
+    path = bundle_copy / "decoder_step.portable.onnx"
+    proto = onnx.load(str(path), load_external_data=False)
+    proto.producer_name = "someone else"
+    onnx.save(proto, str(path))
+    with pytest.raises(BundleError, match="decoder_step.portable.onnx does not match its sha256"):
+        Bundle.open(bundle_copy)
+
+
+def test_graph_io_differing_from_contract_is_refused(bundle_copy):
+    from dsflash.export.bundle import onnx_io, sha256_file
+
+    path = bundle_copy / "encoder_prefill.portable.onnx"
+    proto = onnx.load(str(path), load_external_data=False)
+    proto.graph.output[1].name = "new_kv.renamed"
+    for node in proto.graph.node:
+        node.output[:] = ["new_kv.renamed" if o == "new_kv.1" else o for o in node.output]
+    onnx.save(proto, str(path))
+    manifest = json.loads((bundle_copy / "manifest.json").read_text())
+    manifest["files"][path.name] = sha256_file(path)
+    (bundle_copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match=r"encoder_prefill \(portable\) does not match the manifest: "
+                                          r"output 1: name 'new_kv.renamed' != expected 'new_kv.1'"):
+        Bundle.open(bundle_copy)
+    manifest["graphs"]["encoder_prefill"]["portable"]["io"] = onnx_io(proto)  # manifest agrees now
+    (bundle_copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="does not match the contract: output 1: name 'new_kv.renamed'"):
+        Bundle.open(bundle_copy)
+
+
+def test_missing_flavor_named(tiny_bundle):
+    with pytest.raises(BundleError, match="has no 'tensorrt' 'decoder_step' graph"):
+        tiny_bundle.graph_path("decoder_step", "tensorrt")
+
+
+def test_ids_out_of_range_refused_before_the_graph(tiny_bundle):
+    from dsflash.model.cache import ModelCache
+
+    graphs = OrtGraphs(tiny_bundle, "portable")
+    cache = ModelCache.allocate(tiny_bundle.config, 1, 8)
+    with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 512\)"):
+        graphs.run("decoder_step", torch.tensor([[600]]), cache, [0])
