@@ -42,6 +42,19 @@ def translation_table(flavor: str) -> dict:
 
 def export_graph(model: DSFlashModel, graph: str, flavor: str):
     """-> onnx.ModelProto with in-memory initializers named by the model's parameter names."""
+    proto = _export_program(model, graph, flavor).model_proto
+    _clean(proto)
+    return proto
+
+
+def _clean(proto) -> None:
+    _strip_module_prefix(proto)
+    for node in proto.graph.node:  # stack traces per node triple the file size; keep names only
+        del node.metadata_props[:]
+        node.doc_string = ""
+
+
+def _export_program(model: DSFlashModel, graph: str, flavor: str):
     if flavor not in FLAVORS:
         raise ValueError(f"unknown flavor {flavor!r}; flavors: {FLAVORS}")
     if model.cfg.kv_qat:
@@ -64,12 +77,7 @@ def export_graph(model: DSFlashModel, graph: str, flavor: str):
                 custom_translation_table=translation_table(flavor), verbose=False)
     finally:
         model.ops.backend = previous
-    proto = program.model_proto
-    _strip_module_prefix(proto)
-    for node in proto.graph.node:  # stack traces per node triple the file size; keep names only
-        del node.metadata_props[:]
-        node.doc_string = ""
-    return proto
+    return program
 
 
 def _strip_module_prefix(proto) -> None:
@@ -121,8 +129,9 @@ def export_structure(cfg, graph: str, flavor: str, path: str | Path) -> None:
     with torch.device("meta"):
         model = DSFlashModel(cfg).eval()
     model = model.to("meta")  # buffers made from numpy (the Engram vocab map) too
-    proto = export_graph(model, graph, flavor)
-    del proto.graph.initializer[:]
     import onnx
 
+    _export_program(model, graph, flavor).save(str(path), include_initializers=False)
+    proto = onnx.load(str(path))
+    _clean(proto)
     onnx.save(proto, str(path))

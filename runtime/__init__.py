@@ -1,1 +1,1 @@
-"""dsflash.runtime (see PIPELINE.md §1)."""
+"""dsflash.runtime: engines, cache manager, generator and the Runtime facade (PIPELINE.md §5)."""

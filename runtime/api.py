@@ -1,0 +1,54 @@
+"""The embeddable facade:
+
+    rt = Runtime.from_bundle("engines/tiny", backend="ort")        # or "torch", "ort-plugin"
+    texts = rt.generate(["hello"], GenerationParams(max_new_tokens=16))
+    for event in rt.stream("hello", GenerationParams()): ...
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+from dsflash.export.bundle import Bundle
+from dsflash.runtime.cache_manager import CacheManager
+from dsflash.runtime.engine import BACKENDS, make_engines
+from dsflash.runtime.generator import Generator, TokenEvent
+from dsflash.runtime.request import GenerationParams, Request
+from dsflash.runtime.tokenizer import ByteTokenizer, HFTokenizer
+
+
+class Runtime:
+    def __init__(self, generator: Generator, backend: str):
+        self.generator, self.backend = generator, backend
+        self.tokenizer = generator.tokenizer
+
+    @classmethod
+    def from_bundle(cls, path: str | Path, backend: str = "ort", slots: int = 4, capacity: int = 512,
+                    tokenizer: str | Path | None = None) -> "Runtime":
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; backends: {BACKENDS}")
+        bundle = Bundle.open(path)
+        model = None
+        if backend == "torch":
+            from dsflash.runtime.weights import model_from_bundle
+
+            model = model_from_bundle(bundle)
+        engines = make_engines(backend, bundle=bundle, model=model)
+        tok = HFTokenizer(tokenizer) if tokenizer else ByteTokenizer(bundle.config.vocab_size)
+        cache = CacheManager(bundle.config, slots, capacity)
+        return cls(Generator(engines, cache, tok), backend)
+
+    def _encode(self, prompt) -> list[int]:
+        return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+
+    def generate(self, prompts: list, params: GenerationParams = GenerationParams()) -> list[Request]:
+        ids = [self.generator.add(self._encode(p), params) for p in prompts]
+        self.generator.run()
+        return [self.generator.requests[i] for i in ids]
+
+    def stream(self, prompt, params: GenerationParams = GenerationParams()) -> Iterator[TokenEvent]:
+        rid = self.generator.add(self._encode(prompt), params)
+        for event in self.generator.stream():
+            if event.request_id == rid:
+                yield event

@@ -1,0 +1,152 @@
+"""Generator: continuous batching over the two graphs (PIPELINE.md §5).
+
+Each `step()`: admit waiting requests into free slots and prefill them one at a time (replay:
+encoder_prefill on all but the last W prompt rows, then decoder_step on the tail; or exact), which
+yields each one's first token; then decode every running request in one batch (ragged lengths:
+each slot has its own seq_len). Tokens stream out as events; a request finishes on a stop token,
+a stop string or max_new_tokens, and its slot is freed at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from dsflash.model.generate import sample_next
+from dsflash.runtime.cache_manager import CacheManager
+from dsflash.runtime.request import GenerationParams, Request
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    request_id: int
+    token: int
+    text: str            # decoded text this token adds ("" without a tokenizer)
+    finished: bool
+    finish_reason: str | None = None
+
+
+class Generator:
+    def __init__(self, engines: dict, cache: CacheManager, tokenizer=None, prefills_per_step: int = 1):
+        self.engines, self.cache, self.tokenizer = engines, cache, tokenizer
+        self.cfg = cache.cfg
+        self.prefills_per_step = prefills_per_step
+        self.waiting: deque[Request] = deque()
+        self.running: dict[int, Request] = {}
+        self.requests: dict[int, Request] = {}
+        self._ids = itertools.count()
+        self._rngs: dict[int, torch.Generator | None] = {}
+
+    # ------------------------------------------------------------------ requests
+    def add(self, prompt: list[int], params: GenerationParams = GenerationParams()) -> int:
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ValueError("a prompt needs at least one token")
+        bad = [t for t in prompt if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} outside the vocabulary [0, {self.cfg.vocab_size})")
+        need = len(prompt) + params.max_new_tokens
+        if need > self.cache.capacity:
+            raise ValueError(f"prompt of {len(prompt)} tokens + max_new_tokens {params.max_new_tokens} "
+                             f"= {need} exceeds the cache capacity {self.cache.capacity}")
+        if params.stop_strings and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer")
+        req = Request(next(self._ids), prompt, params)
+        seed = params.sampling.seed
+        self._rngs[req.request_id] = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+        return req.request_id
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ the loop
+    def step(self) -> list[TokenEvent]:
+        events: list[TokenEvent] = []
+        admitted = 0
+        while self.waiting and self.cache.free_slots and admitted < self.prefills_per_step:
+            req = self.waiting.popleft()
+            events.append(self._prefill(req))
+            admitted += 1
+        batch = [r for r in self.running.values() if r.state == "decoding" and r.request_id not in
+                 {e.request_id for e in events}]
+        if batch:
+            events += self._decode(batch)
+        return events
+
+    def stream(self) -> Iterator[TokenEvent]:
+        while self.has_unfinished():
+            yield from self.step()
+
+    def run(self) -> dict[int, Request]:
+        for _ in self.stream():
+            pass
+        return self.requests
+
+    # ------------------------------------------------------------------ graph calls
+    def _call(self, graph: str, slots: list[int], ids: torch.Tensor) -> dict:
+        engine = self.engines[graph]
+        feeds = self.cache.feeds(slots, engine.input_names, ids)
+        outputs = engine.run(feeds)
+        self.cache.write(graph, slots, outputs, feeds["seq_len"])
+        return outputs
+
+    def _prefill(self, req: Request) -> TokenEvent:
+        req.slot = self.cache.acquire()
+        req.advance("prefill")
+        ids = torch.tensor([req.prompt], dtype=torch.int64)
+        w = self.cfg.sliding_window
+        split = max(len(req.prompt) - w, 0) if req.params.prefill_mode == "replay" else 0
+        if split:
+            self._call("encoder_prefill", [req.slot], ids[:, :split])
+        logits = self._call("decoder_step", [req.slot], ids[:, split:])["logits"]
+        self.running[req.request_id] = req
+        return self._accept(req, logits[0])
+
+    def _decode(self, batch: list[Request]) -> list[TokenEvent]:
+        ids = torch.tensor([[r.tokens[-1]] for r in batch], dtype=torch.int64)
+        logits = self._call("decoder_step", [r.slot for r in batch], ids)["logits"]
+        return [self._accept(r, logits[i]) for i, r in enumerate(batch)]
+
+    def _accept(self, req: Request, logits_V: torch.Tensor) -> TokenEvent:
+        tok = int(sample_next(logits_V.unsqueeze(0), req.params.sampling, self._rngs[req.request_id])[0])
+        if req.t_first_token is None:
+            req.t_first_token = time.perf_counter()
+        req.tokens.append(tok)
+        delta = ""
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(req.tokens)
+            delta, req.text = text[len(req.text):], text
+        reason = self._finish_reason(req, tok)
+        if req.state == "prefill":
+            req.advance("decoding" if reason is None else "finished")
+        elif reason is not None:
+            req.advance("finished")
+        if reason is not None:
+            req.finish_reason = reason
+            self.running.pop(req.request_id)
+            self.cache.release(req.slot)
+            log.debug("request %d finished (%s) after %d tokens", req.request_id, reason, len(req.tokens))
+        return TokenEvent(req.request_id, tok, delta, reason is not None, reason)
+
+    def _finish_reason(self, req: Request, tok: int) -> str | None:
+        p = req.params
+        if tok in p.stop_token_ids:
+            return "stop_token"
+        for s in p.stop_strings:
+            at = req.text.find(s)
+            if at >= 0:
+                req.text = req.text[:at]
+                return "stop_string"
+        if len(req.tokens) >= p.max_new_tokens:
+            return "length"
+        return None

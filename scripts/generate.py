@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Generate from a bundle with the runtime: continuous batching over the two graphs.
+
+    python scripts/generate.py --bundle engines/tiny --backend ort --prompt "hello" [--stream]
+    python scripts/generate.py --bundle engines/tiny --prompts-file prompts.txt --max-new-tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from dsflash.model.generate import SamplingParams
+from dsflash.runtime.api import Runtime
+from dsflash.runtime.request import GenerationParams
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bundle", required=True)
+    ap.add_argument("--backend", default="ort", choices=["ort", "ort-plugin", "torch", "trt"])
+    ap.add_argument("--prompt", action="append", default=[])
+    ap.add_argument("--prompts-file")
+    ap.add_argument("--tokenizer", help="tokenizer.json (default: byte-level)")
+    ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--seed", type=int)
+    ap.add_argument("--slots", type=int, default=4)
+    ap.add_argument("--capacity", type=int, default=512)
+    ap.add_argument("--prefill", default="replay", choices=["replay", "exact"])
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.backend == "trt":
+        print("the TensorRT backend is not available yet (no TensorRT plans are built)", file=sys.stderr)
+        return 2
+    prompts = list(args.prompt)
+    if args.prompts_file:
+        with open(args.prompts_file) as f:
+            prompts += [line.rstrip("\n") for line in f if line.strip()]
+    if not prompts:
+        ap.error("give --prompt or --prompts-file")
+    rt = Runtime.from_bundle(args.bundle, backend=args.backend, slots=args.slots,
+                             capacity=args.capacity, tokenizer=args.tokenizer)
+    params = GenerationParams(
+        sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                seed=args.seed),
+        max_new_tokens=args.max_new_tokens, prefill_mode=args.prefill)
+    t0 = time.perf_counter()
+    if args.stream:
+        for prompt in prompts:
+            n, start = 0, time.perf_counter()
+            for event in rt.stream(prompt, params):
+                sys.stdout.write(event.text or f"[{event.token}]")
+                sys.stdout.flush()
+                n += 1
+            print(f"\n({n} tokens, {n / (time.perf_counter() - start):.1f} tokens/s)")
+        return 0
+    requests = rt.generate(prompts, params)
+    elapsed = time.perf_counter() - t0
+    total = sum(len(r.tokens) for r in requests)
+    for r in requests:
+        print(f"[{r.request_id}] {r.text!r} tokens={r.tokens} finish={r.finish_reason} "
+              f"ttft={r.time_to_first_token * 1e3:.1f} ms"
+              + (f" tpot={r.time_per_output_token * 1e3:.1f} ms" if r.time_per_output_token else ""))
+    print(f"{total} tokens in {elapsed:.2f} s: {total / elapsed:.1f} tokens/s ({args.backend})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

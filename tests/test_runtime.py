@@ -1,0 +1,175 @@
+"""Runtime: engines behind one interface, cache manager, continuous batching (issue: runtime)."""
+
+import tracemalloc
+
+import pytest
+import torch
+
+from conftest import random_ids
+from dsflash.export.bundle import BundleError
+from dsflash.model.accounting import sequence_bytes
+from dsflash.model.config import ModelConfig
+from dsflash.model.generate import SamplingParams, generate
+from dsflash.runtime.api import Runtime
+from dsflash.runtime.cache_manager import CacheManager
+from dsflash.runtime.engine import make_engines
+from dsflash.runtime.generator import Generator
+from dsflash.runtime.request import GenerationParams, Request
+from dsflash.runtime.tokenizer import ByteTokenizer
+from dsflash.runtime.weights import model_from_bundle
+
+
+def engines_for(backend, bundle, model):
+    return make_engines(backend, bundle=bundle, model=model)
+
+
+@pytest.mark.parametrize("backend", ["torch", "ort", "ort-plugin"])
+def test_continuous_batching_equals_one_at_a_time(tiny_bundle, tiny_model, gen, backend):
+    cfg = tiny_model.cfg
+    prompts = [random_ids(gen, 1, n, cfg.vocab_size)[0].tolist() for n in (19, 4, 11)]
+    params = GenerationParams(max_new_tokens=10)
+    expected = [generate(tiny_model, [p], 10)[0] for p in prompts]
+    g = Generator(engines_for(backend, tiny_bundle, tiny_model), CacheManager(cfg, 2, 64))
+    ids = [g.add(prompts[0], params)]
+    for _ in range(3):
+        g.step()
+    ids.append(g.add(prompts[1], params))  # admitted while the first decodes
+    g.step()
+    ids.append(g.add(prompts[2], params))  # queued: both slots are busy
+    assert g.requests[ids[2]].state == "waiting"
+    done = g.run()
+    assert [done[i].tokens for i in ids] == expected
+    assert all(done[i].state == "finished" and done[i].finish_reason == "length" for i in ids)
+    assert g.cache.free_slots == 2
+
+
+def test_torch_backend_from_bundle_weights(tiny_bundle, tiny_model, gen):
+    model = model_from_bundle(tiny_bundle)
+    ids = random_ids(gen, 1, 12, tiny_model.cfg.vocab_size)
+    with torch.no_grad():
+        assert torch.equal(model(ids), tiny_model(ids))
+
+
+def test_seeded_sampling_reproducible_and_topk1_greedy(tiny_bundle, tiny_model, gen):
+    cfg = tiny_model.cfg
+    prompt = random_ids(gen, 1, 9, cfg.vocab_size)[0].tolist()
+
+    def run(sampling, n=12):
+        g = Generator(engines_for("torch", tiny_bundle, tiny_model), CacheManager(cfg, 1, 64))
+        rid = g.add(prompt, GenerationParams(sampling=sampling, max_new_tokens=n))
+        return g.run()[rid].tokens
+
+    s = SamplingParams(temperature=1.0, top_p=0.95, seed=5)
+    assert run(s) == run(s)
+    assert run(SamplingParams(temperature=0.8, top_k=1, seed=1)) == generate(tiny_model, [prompt], 12)[0]
+
+
+def test_stop_tokens_strings_and_max_tokens(tiny_bundle, tiny_model, gen):
+    cfg = tiny_model.cfg
+    tok = ByteTokenizer(cfg.vocab_size)
+    prompt = random_ids(gen, 1, 6, cfg.vocab_size)[0].tolist()
+    free_run = generate(tiny_model, [prompt], 12)[0]
+    engines = engines_for("torch", tiny_bundle, tiny_model)
+
+    def run(**kw):
+        g = Generator(engines, CacheManager(cfg, 1, 64), tokenizer=tok)
+        rid = g.add(prompt, GenerationParams(max_new_tokens=12, **kw))
+        return g.run()[rid]
+
+    stop_at = 5
+    r = run(stop_token_ids=(free_run[stop_at],))
+    first = free_run.index(free_run[stop_at])
+    assert r.tokens == free_run[:first + 1] and r.finish_reason == "stop_token"
+    r = run()
+    assert len(r.tokens) == 12 and r.finish_reason == "length"
+    text = tok.decode(free_run)
+    target = next((text[i:i + 1] for i in range(1, len(text)) if text[i:i + 1].strip()), None)
+    if target:
+        r = run(stop_strings=(target,))
+        assert r.finish_reason == "stop_string" and target not in r.text
+        assert len(r.tokens) <= 12 and tok.decode(r.tokens).find(target) >= 0
+
+
+def test_slot_reuse_leaks_no_state(tiny_bundle, tiny_model, gen):
+    cfg = tiny_model.cfg
+    long_prompt = random_ids(gen, 1, 40, cfg.vocab_size)[0].tolist()
+    short = random_ids(gen, 1, 7, cfg.vocab_size)[0].tolist()
+    params = GenerationParams(max_new_tokens=8)
+    engines = engines_for("ort", tiny_bundle, tiny_model)
+    g = Generator(engines, CacheManager(cfg, 1, 64))
+    g.add(long_prompt, params)
+    g.run()
+    rid = g.add(short, params)
+    reused = g.run()[rid].tokens
+    fresh = Generator(engines, CacheManager(cfg, 1, 64))
+    rid2 = fresh.add(short, params)
+    assert reused == fresh.run()[rid2].tokens
+
+
+def test_bytes_report_and_capacity_plan():
+    flash = ModelConfig.preset("flash")
+    cm = CacheManager(ModelConfig.preset("tiny"), 2, 32)
+    assert cm.bytes_report()["allocated"] == cm.cache.nbytes()
+    from dsflash.model.accounting import global_kv_bytes_per_token
+    assert global_kv_bytes_per_token(flash) == 890
+    budget, ctx = 64 * 2**30, 65536
+    hand = budget // (3 * (ctx // 2) * 356 + ctx * 356 + 40 * 128 * 528 + 3 * 2 * 512 * 4 + 48)
+    assert CacheManager.max_sequences(cm, budget, ctx) >= 0
+    from dsflash.model.accounting import max_sequences
+    assert max_sequences(flash, budget, ctx) == hand == budget // sequence_bytes(flash, ctx)
+
+
+def test_errors_are_clear(tiny_bundle, tiny_model):
+    cfg = tiny_model.cfg
+    g = Generator(engines_for("torch", tiny_bundle, tiny_model), CacheManager(cfg, 1, 16))
+    with pytest.raises(ValueError, match="= 21 exceeds the cache capacity 16"):
+        g.add(list(range(5)), GenerationParams(max_new_tokens=16))
+    with pytest.raises(ValueError, match=r"token id 700 outside the vocabulary \[0, 512\)"):
+        g.add([1, 700], GenerationParams())
+    with pytest.raises(ValueError, match="unknown backend 'tensorflow'"):
+        Runtime.from_bundle(tiny_bundle.path, backend="tensorflow")
+    with pytest.raises(BundleError, match="not a bundle"):
+        Runtime.from_bundle(tiny_bundle.path.parent, backend="ort")
+    req = Request(0, [1], GenerationParams())
+    with pytest.raises(RuntimeError, match="illegal transition waiting -> decoding"):
+        req.advance("decoding")
+
+
+def test_more_requests_than_slots_all_finish(tiny_bundle, tiny_model, gen):
+    cfg = tiny_model.cfg
+    g = Generator(engines_for("torch", tiny_bundle, tiny_model), CacheManager(cfg, 2, 64))
+    ids = [g.add(random_ids(gen, 1, 3 + i, cfg.vocab_size)[0].tolist(), GenerationParams(max_new_tokens=4))
+           for i in range(5)]
+    done = g.run()
+    assert all(len(done[i].tokens) == 4 for i in ids)
+    assert all(done[i].time_to_first_token is not None for i in ids)
+
+
+def test_runtime_facade_streams_text(tiny_bundle):
+    rt = Runtime.from_bundle(tiny_bundle.path, backend="ort", slots=2, capacity=64)
+    events = list(rt.stream("hello", GenerationParams(max_new_tokens=6)))
+    assert len(events) == 6 and events[-1].finished and not any(e.finished for e in events[:-1])
+    [req] = rt.generate(["hello"], GenerationParams(max_new_tokens=6))
+    assert req.tokens == [e.token for e in events]
+    assert req.text == "".join(e.text for e in events)
+
+
+@pytest.mark.slow
+def test_long_generation_keeps_memory_flat(tiny_bundle, tiny_model):
+    cfg = tiny_model.cfg
+    g = Generator(engines_for("torch", tiny_bundle, tiny_model), CacheManager(cfg, 1, 2048))
+    rid = g.add([5, 6, 7], GenerationParams(max_new_tokens=2000))
+    allocated = g.cache.cache.nbytes()
+    steps = g.stream()
+    for _ in range(200):  # warm up
+        next(steps)
+    tracemalloc.start()
+    base, _ = tracemalloc.get_traced_memory()
+    for _ in range(1500):
+        next(steps)
+    grown, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    list(steps)
+    assert len(g.requests[rid].tokens) == 2000
+    assert g.cache.cache.nbytes() == allocated
+    assert grown - base < 2 * 2**20, f"python heap grew by {grown - base} bytes over 1500 steps"
