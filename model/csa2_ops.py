@@ -1,8 +1,9 @@
 """CSA2 building blocks as plain functions (ARCHITECTURE.md §4.3-4.5, Part B §5).
 
-These are the reference semantics the plugin ops are checked against: compressor pooling over
-groups of m rows, lightning-indexer scores, top-k with -1 padding, the hierarchical candidate
-pool and sparse attention over window ∪ selected entries with a per-head sink.
+Compressor pooling over groups of m rows, visibility, top-k with -1 padding (stable ties), the
+hierarchical candidate pool and the window mask. The index scores and the sparse attention
+themselves are custom ops (plugins/csa2_index_score, plugins/csa2_sparse_attention), called
+through the model's OpSet.
 
 Global entries of a KV source are addressed by their group index g (entry g pools rows
 g*m .. g*m+m-1 and sits at position g*m); g = -1 marks an empty slot. Entry g is visible to a

@@ -161,9 +161,9 @@ def rss_bytes() -> int:
 
 
 @pytest.mark.slow
-def test_long_generation_keeps_memory_flat(tiny_model):
+def test_long_generation_keeps_memory_flat(tiny_bundle, tiny_model):
     cfg = tiny_model.cfg
-    g = Generator(make_engines("torch", model=tiny_model), CacheManager(cfg, 1, 2048))
+    g = Generator(make_engines("ort", bundle=tiny_bundle), CacheManager(cfg, 1, 2048))
     rid = g.add([5, 6, 7], GenerationParams(max_new_tokens=2000))
     allocated = g.cache.cache.nbytes()
     steps = g.stream()
