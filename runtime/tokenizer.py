@@ -11,6 +11,15 @@ import numpy as np
 from dsflash.model.engram_hash import build_compression_map
 
 
+def _checked_map(vocab_size, decode, raw_token, compressed_size: int | None) -> np.ndarray:
+    """The compression map, checked against the config's compressed vocabulary size."""
+    m = build_compression_map(vocab_size, decode, raw_token)
+    if compressed_size is not None and int(m.max()) + 1 != compressed_size:
+        raise ValueError(f"the tokenizer compresses to {int(m.max()) + 1} ids, the config says "
+                         f"{compressed_size}")
+    return m
+
+
 class ByteTokenizer:
     """ids 0 bos, 1 eos, 2 pad, then byte b -> b + 3; ids past 258 decode to nothing."""
 
@@ -33,12 +42,8 @@ class ByteTokenizer:
         return f"<{tid}>" if not self.SPECIALS <= tid < 256 + self.SPECIALS else f"<0x{tid - 3:02X}>"
 
     def compression_map(self, compressed_size: int | None = None) -> np.ndarray:
-        m = build_compression_map(self.vocab_size, lambda t: self.decode([t]) or self.raw_token(t),
-                                  self.raw_token)
-        if compressed_size is not None and int(m.max()) + 1 != compressed_size:
-            raise ValueError(f"the tokenizer compresses to {int(m.max()) + 1} ids, the config says "
-                             f"{compressed_size}")
-        return m
+        return _checked_map(self.vocab_size, lambda t: self.decode([t]) or self.raw_token(t),
+                            self.raw_token, compressed_size)
 
 
 class HFTokenizer:
@@ -55,9 +60,5 @@ class HFTokenizer:
         return self.tok.decode(ids, skip_special_tokens=False)
 
     def compression_map(self, compressed_size: int | None = None) -> np.ndarray:
-        m = build_compression_map(self.vocab_size, lambda t: self.tok.decode([t], skip_special_tokens=False),
-                                  lambda t: self.tok.id_to_token(t) or "")
-        if compressed_size is not None and int(m.max()) + 1 != compressed_size:
-            raise ValueError(f"the tokenizer compresses to {int(m.max()) + 1} ids, the config says "
-                             f"{compressed_size}")
-        return m
+        return _checked_map(self.vocab_size, lambda t: self.tok.decode([t], skip_special_tokens=False),
+                            lambda t: self.tok.id_to_token(t) or "", compressed_size)

@@ -7,7 +7,6 @@ import onnx
 import pytest
 import torch
 
-from conftest import random_ids
 from dsflash.export.accuracy import check_bundle, reference_steps
 from dsflash.export.bundle import Bundle, BundleError
 from dsflash.export.contract import GRAPHS, graph_inputs, graph_outputs
@@ -15,6 +14,8 @@ from dsflash.export.ort_greedy import OrtGraphs
 from dsflash.model.generate import generate
 from dsflash.plugins.declaration import DOMAIN
 from dsflash.plugins.registry import DECLS
+
+from conftest import random_ids
 
 STANDARD_DOMAINS = {"", "ai.onnx"}
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dsflash.export.tolerances import (MODEL, OP_FP32, ROUNDING_FLOOR, SINKHORN_SUM,  # noqa: F401
-                                       kernel_bound)
+from dsflash.export.tolerances import MODEL, OP_FP32, ROUNDING_FLOOR, SINKHORN_SUM, kernel_bound  # noqa: F401
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, tol: dict, what: str = "") -> None:
