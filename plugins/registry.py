@@ -2,7 +2,9 @@
 
 `OpSet("reference")` runs the PyTorch references (the spec); `OpSet("custom_op")` runs the same
 maths through torch.library ops `torch.ops.dsflash.*`, which export as trt.plugins nodes (the
-plugin flavor). The model holds one OpSet instance; switching it changes no model code.
+plugin flavor); `OpSet("triton")` runs the Triton kernels (kernel.py beside each reference: CUDA
+tensors, or CPU tensors under TRITON_INTERPRET=1). The model holds one OpSet instance; switching
+it changes no model code.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dsflash.plugins.engram_hash_gather.decl import DECL as ENGRAM_HASH_GATHER
 from dsflash.plugins.mhc_boundary.decl import DECL as MHC_BOUNDARY
 
 DECLS: tuple[OpDecl, ...] = (ENGRAM_HASH_GATHER, INDEX_SCORE, SPARSE_ATTENTION, MHC_BOUNDARY)
-BACKENDS = ("reference", "custom_op")
+BACKENDS = ("reference", "custom_op", "triton")
 
 
 def decl_by_name(name: str) -> OpDecl:
@@ -24,6 +26,18 @@ def decl_by_name(name: str) -> OpDecl:
         if d.name == name:
             return d
     raise KeyError(f"no custom op named {name!r}; known: {[d.name for d in DECLS]}")
+
+
+def _triton_kernels() -> dict:
+    """Launchers with the references' signatures, imported only when asked for (triton is an
+    optional dependency). The mHC launcher keeps its workspace, so a boundary is one launch."""
+    from dsflash.plugins.csa2_index_score.kernel import csa2_index_score
+    from dsflash.plugins.csa2_sparse_attention.kernel import csa2_sparse_attention
+    from dsflash.plugins.engram_hash_gather.kernel import engram_hash_gather
+    from dsflash.plugins.mhc_boundary.kernel import MhcBoundaryLauncher
+
+    return {"engram_hash_gather": engram_hash_gather, "csa2_index_score": csa2_index_score,
+            "csa2_sparse_attention": csa2_sparse_attention, "mhc_boundary": MhcBoundaryLauncher()}
 
 
 class OpSet:
@@ -42,11 +56,15 @@ class OpSet:
             from dsflash.plugins.torch_ops import register_torch_ops
 
             register_torch_ops()
+        if value == "triton":
+            self._kernels = _triton_kernels()
         self._backend = value
 
     def _call(self, decl: OpDecl, *inputs, **attrs):
         if self._backend == "reference":
             return decl.reference(*inputs, **attrs)
+        if self._backend == "triton":
+            return self._kernels[decl.torch_name](*inputs, **attrs)
         op = getattr(torch.ops.dsflash, decl.torch_name)
         return op(*inputs, *(attrs[a.name] for a in decl.attrs))
 

@@ -1,12 +1,18 @@
 from __future__ import annotations
 
+import os
 import zlib
 
 import pytest
 import torch
 
-from dsflash.model.config import ModelConfig
-from dsflash.model.model import DSFlashModel
+# Without CUDA the Triton kernels run in the interpreter; this must be set before they are
+# imported (triton.jit reads it at decoration time).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from dsflash.model.config import ModelConfig  # noqa: E402
+from dsflash.model.model import DSFlashModel  # noqa: E402
 
 
 @pytest.fixture(scope="session")

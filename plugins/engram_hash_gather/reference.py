@@ -40,6 +40,15 @@ def engram_hash_gather(cids_BT: torch.Tensor, table_ND: torch.Tensor, multiplier
     return table_ND[rows]
 
 
+def engram_hash_gather_fp8(cids_BT: torch.Tensor, table_ND: torch.Tensor, scales_N: torch.Tensor,
+                           multipliers: list[int], primes: list[int], offsets: list[int], pad_id: int,
+                           heads: int) -> torch.Tensor:
+    """FP8 table rows with one fp32 scale per row (the released Engram storage): row * scale,
+    rounded once to bf16."""
+    rows = engram_hash_rows(cids_BT, multipliers, primes, offsets, pad_id, heads)
+    return (table_ND[rows].float() * scales_N[rows].unsqueeze(-1)).to(torch.bfloat16)
+
+
 def shape(cids_shape, table_shape, multipliers, primes, offsets, pad_id, heads):
     look = len(multipliers) - 1
     return [(cids_shape[0], cids_shape[1] - look, look * heads, table_shape[1])]

@@ -1,0 +1,53 @@
+"""Ahead-of-time kernels of a model's plugin ops: for every custom node the plugin-flavor graphs
+hold (one Engram gather per Engram layer, the CSA2 ops, one mHC boundary kind), the sm_90 PTX and
+launch parameters that the trt.py registrations hand TensorRT. Written beside a bundle's plans
+(`kernels/`) so a build can be checked without TensorRT; needs Triton, no GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from dsflash.model.config import ModelConfig
+from dsflash.model.engram_hash import layer_addressing, synthetic_compression_map
+from dsflash.plugins.aot import AotKernel
+
+
+def plugin_kernels(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, vocab_map=None) -> dict[str, tuple]:
+    """name -> (AotKernel, launch config) for every distinct kernel the model's plugin graphs use."""
+    from dsflash.plugins.csa2_index_score import trt as index_trt
+    from dsflash.plugins.csa2_sparse_attention import trt as attn_trt
+    from dsflash.plugins.engram_hash_gather import trt as engram_trt
+    from dsflash.plugins.mhc_boundary import trt as mhc_trt
+
+    kernels = {}
+    if vocab_map is None:
+        vocab_map = synthetic_compression_map(cfg.vocab_size, cfg.engram_compressed_vocab_size)
+    addressing = layer_addressing(cfg, vocab_map) if cfg.engram_layer_ids else {}
+    for layer, a in addressing.items():
+        kernels[f"EngramHashGather_layer{layer}"] = engram_trt.aot_kernel(
+            dtype, cfg.engram_head_dim, a.multipliers, a.primes, a.offsets, a.pad_id, cfg.engram_n_heads)
+    kernels["Csa2IndexScore"] = index_trt.aot_kernel(dtype, cfg.index_n_heads, cfg.index_head_dim)
+    kernels["Csa2SparseAttention"] = attn_trt.aot_kernel(dtype, cfg.num_attention_heads, cfg.head_dim,
+                                                         cfg.head_dim ** -0.5)
+    kernels["MhcBoundary"] = mhc_trt.aot_kernel(dtype, 1 << 20, cfg.hc_mult, cfg.hidden_size,
+                                                cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
+    return kernels
+
+
+def write_plugin_kernels(kernels: dict[str, tuple], out_dir: Path) -> Path:
+    """<name>.ptx per kernel and kernels.json with names, warps, shared memory and block sizes."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    index = {}
+    for name, (k, cfg) in kernels.items():
+        assert isinstance(k, AotKernel)
+        (out_dir / f"{name}.ptx").write_text(k.ptx)
+        index[name] = {"entry": k.name, "num_warps": k.num_warps, "block_x": k.block_x,
+                       "shared_mem": k.shared_mem, "params": k.params, "launch": cfg, "arch": "sm_90"}
+    path = out_dir / "kernels.json"
+    path.write_text(json.dumps(index, indent=1, sort_keys=True))
+    return path

@@ -1,0 +1,73 @@
+"""Ahead-of-time compilation of the Triton kernels for TensorRT's AOT Python plugins
+(PIPELINE.md §6): triton.compile(ASTSource(...), target sm_90) gives PTX, the kernel's name, its
+warps and shared memory; trt.py beside each kernel turns that into `tensorrt.plugin` launch
+parameters. Nothing here needs TensorRT or a GPU, so the step is tested on every machine.
+
+TensorRT launches an AOT kernel with its input tensors, then the integer `extra_args`, then the
+output tensors; every kernel.py entry point is declared in that order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+TRITON_POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16",
+                  torch.int64: "*i64", torch.int32: "*i32", torch.bool: "*u8", torch.uint8: "*u8",
+                  torch.float8_e4m3fn: "*fp8e4nv"}
+
+
+@dataclass(frozen=True)
+class AotKernel:
+    name: str          # the PTX entry
+    ptx: str
+    num_warps: int
+    shared_mem: int    # dynamic shared memory bytes the launch must give
+    params: int        # .param entries of the entry (the declared ones + Triton's scratch pointers)
+
+    @property
+    def block_x(self) -> int:
+        return 32 * self.num_warps
+
+
+def pointer(dtype: torch.dtype) -> str:
+    if dtype not in TRITON_POINTER:
+        raise ValueError(f"no Triton pointer type for {dtype}; supported: {list(TRITON_POINTER)}")
+    return TRITON_POINTER[dtype]
+
+
+def jit_function(kernel):
+    """The JITFunction behind a kernel; under TRITON_INTERPRET=1 kernels are interpreter objects,
+    which cannot be compiled: AOT needs a process without the interpreter."""
+    from triton.runtime.jit import JITFunction
+
+    if not isinstance(kernel, JITFunction):
+        raise RuntimeError(f"{kernel!r} is not a JITFunction (TRITON_INTERPRET=1?); compile ahead of "
+                           "time in a process without the interpreter")
+    return kernel
+
+
+def compile_ptx(kernel, signature: dict, constexprs: dict, num_warps: int, arch: int = 90) -> AotKernel:
+    """PTX for `arch` (sm_90 by default) of `kernel` with `signature` (name -> Triton type, in the
+    kernel's parameter order) and the compile-time constants."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = jit_function(kernel)
+    missing = [a for a in fn.arg_names if a not in signature and a not in constexprs]
+    if missing:
+        raise ValueError(f"{fn.__name__}: no type or constant for {missing}")
+    sig = {a: ("constexpr" if a in constexprs else signature[a]) for a in fn.arg_names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={a: constexprs[a] for a in constexprs})
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    ptx = compiled.asm["ptx"]
+    entry = ptx.split(".entry", 1)[1].split(")", 1)[0]
+    return AotKernel(name=compiled.metadata.name, ptx=ptx, num_warps=compiled.metadata.num_warps,
+                     shared_mem=compiled.metadata.shared, params=entry.count(".param"))
+
+
+def cdiv_expr(a, b: int):
+    """Ceiling division that works on ints and on TensorRT's symbolic shape expressions."""
+    return (a + (b - 1)) // b

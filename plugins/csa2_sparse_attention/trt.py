@@ -1,0 +1,57 @@
+"""TensorRT registration of Csa2SparseAttention (tensorrt.plugin AOT plugin): `aot_kernel`
+compiles kernel.py's Triton kernel to PTX for sm_90 with its launch parameters (runs wherever
+Triton is installed); `register()` adds the plugin where TensorRT imports. The softmax scale is
+baked into the PTX."""
+
+from __future__ import annotations
+
+import torch
+
+from dsflash.plugins.aot import AotKernel, cdiv_expr, compile_ptx, pointer
+from dsflash.plugins.csa2_sparse_attention import kernel
+from dsflash.plugins.csa2_sparse_attention.decl import DECL
+from dsflash.plugins.declaration import DOMAIN
+
+
+def aot_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float,
+               idx_dtype: torch.dtype = torch.int64) -> tuple[AotKernel, dict]:
+    """(compiled kernel, launch: BLOCK_H for the grid (B*S, cdiv(H, BLOCK_H)))."""
+    cfg = kernel.launch_config(heads, dim, dtype)
+    sig = {"q_ptr": pointer(dtype), "kv_ptr": pointer(dtype), "idx_ptr": pointer(idx_dtype),
+           "win_ptr": pointer(dtype), "wmask_ptr": "*u8", "sink_ptr": "*fp32", "S": "i32", "N": "i32",
+           "T": "i32", "K": "i32", "out_ptr": pointer(dtype)}
+    consts = dict(H=heads, D=dim, SCALE=float(scale), **{k: v for k, v in cfg.items() if k != "num_warps"})
+    return compile_ptx(kernel.csa2_sparse_attention_kernel, sig, consts, cfg["num_warps"]), cfg
+
+
+def register() -> None:
+    import tensorrt.plugin as trtp
+
+    from dsflash.plugins.trt_types import TORCH_FROM_TRT
+
+    plugin_id = f"{DOMAIN}::{DECL.name}"
+
+    @trtp.register(plugin_id)
+    def _desc(q: trtp.TensorDesc, kv: trtp.TensorDesc, idx: trtp.TensorDesc, win_kv: trtp.TensorDesc,
+              win_mask: trtp.TensorDesc, sink: trtp.TensorDesc, scale: float) -> trtp.TensorDesc:
+        return q.like()
+
+    @trtp.autotune(plugin_id)
+    def _tune(q, kv, idx, win_kv, win_mask, sink, scale, outputs):
+        return [trtp.AutoTuneCombination("FP32|BF16|FP16, FP32|BF16|FP16, INT64, FP32|BF16|FP16, BOOL, "
+                                         "FP32, FP32|BF16|FP16", "LINEAR")]
+
+    @trtp.aot_impl(plugin_id)
+    def _aot(q: trtp.TensorDesc, kv: trtp.TensorDesc, idx: trtp.TensorDesc, win_kv: trtp.TensorDesc,
+             win_mask: trtp.TensorDesc, sink: trtp.TensorDesc, scale: float, outputs, tactic: int):
+        heads, dim = (int(q.shape_expr[i].constant_value()) for i in (2, 3))
+        compiled, cfg = aot_kernel(TORCH_FROM_TRT[q.dtype], heads, dim, scale)
+        launch = trtp.KernelLaunchParams()
+        launch.grid_x = q.shape_expr[0] * q.shape_expr[1]
+        launch.grid_y = cdiv_expr(heads, cfg["BLOCK_H"])
+        launch.block_x = compiled.block_x
+        launch.shared_mem = compiled.shared_mem
+        extra = trtp.SymIntExprs(4)
+        for i, e in enumerate((q.shape_expr[1], kv.shape_expr[1], win_kv.shape_expr[1], idx.shape_expr[2])):
+            extra[i] = trtp.SymInt32(e)
+        return compiled.name, compiled.ptx, launch, extra

@@ -1,0 +1,48 @@
+"""Checks shared by the Triton launchers: every precondition raises ValueError naming the value
+and its limit before anything is launched (a bad index inside a kernel is silent garbage).
+
+Kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter (TRITON_INTERPRET=1),
+which is how CI tests them without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def check_device(op: str, **tensors: torch.Tensor) -> None:
+    """All tensors on one CUDA device; CPU only under the interpreter. A pinned host tensor may
+    stand in for a device one where the op says so (read through unified addressing)."""
+    want = "cpu" if interpreting() else "cuda"
+    for name, t in tensors.items():
+        require(t.device.type == want,
+                f"{op}: {name} is on {t.device}, the kernel needs {want} tensors"
+                + (" (set TRITON_INTERPRET=1 to run kernels on the CPU)" if want == "cuda" else ""))
+
+
+def check_shape(op: str, name: str, t: torch.Tensor, shape: tuple) -> None:
+    """`shape` entries of None match anything."""
+    ok = t.dim() == len(shape) and all(w is None or w == g for g, w in zip(t.shape, shape))
+    require(ok, f"{op}: {name} has shape {tuple(t.shape)}, expected {shape} (None = any)")
+
+
+def check_dtype(op: str, name: str, t: torch.Tensor, allowed: tuple) -> None:
+    require(t.dtype in allowed, f"{op}: {name} has dtype {t.dtype}, allowed: {allowed}")
+
+
+def next_pow2(n: int, floor: int = 1) -> int:
+    return max(floor, 1 << max(0, int(n) - 1).bit_length())
+
+
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)

@@ -1,0 +1,66 @@
+"""TensorRT registration of MhcBoundary (tensorrt.plugin AOT plugin): `aot_kernel` compiles
+kernel.py's Triton kernel to PTX for sm_90 with its launch parameters (runs wherever Triton is
+installed); `register()` adds the plugin where TensorRT imports.
+
+TensorRT's AOT plugins get no workspace, so the plugin uses the whole-row path (SPLIT = 0: one
+program per token block, no cross-program sums); the split path that spreads a decode token's
+channels over the GPU needs the JIT launcher's self-clearing workspace.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsflash.plugins.aot import AotKernel, cdiv_expr, compile_ptx, pointer
+from dsflash.plugins.declaration import DOMAIN
+from dsflash.plugins.mhc_boundary import kernel
+from dsflash.plugins.mhc_boundary.decl import DECL
+
+
+def aot_kernel(dtype: torch.dtype, tokens_hint: int, hc: int, hidden: int, iters: int, hc_eps: float,
+               rms_eps: float) -> tuple[AotKernel, dict]:
+    """(compiled kernel, launch: BLOCK_T for the grid (cdiv(B*S, BLOCK_T), 1))."""
+    cfg = kernel.launch_config(tokens_hint, hc, hidden, dtype)
+    x = pointer(dtype)
+    sig = {"streams_ptr": x, "y_ptr": x, "post_ptr": "*fp32", "comb_ptr": "*fp32", "pre_ptr": "*fp32",
+           "fn_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "nw_ptr": x, "T": "i32",
+           "e_per_split": "i32", "n_split": "i32", "new_ptr": x, "x_ptr": x, "pre_out": "*fp32",
+           "post_out": "*fp32", "comb_out": "*fp32", "ws_acc": "*fp32", "ws_sq": "*fp32", "counter": "*i32"}
+    consts = dict(C=hc, E=hidden, M=(2 + hc) * hc, ITERS=int(iters), HC_EPS=float(hc_eps),
+                  RMS_EPS=float(rms_eps), SPLIT=False, **{k: v for k, v in cfg.items() if k != "num_warps"})
+    return compile_ptx(kernel.mhc_boundary_kernel, sig, consts, cfg["num_warps"]), cfg
+
+
+def register() -> None:
+    import tensorrt as trt
+    import tensorrt.plugin as trtp
+
+    from dsflash.plugins.trt_types import TORCH_FROM_TRT
+
+    plugin_id = f"{DOMAIN}::{DECL.name}"
+
+    @trtp.register(plugin_id)
+    def _desc(streams: trtp.TensorDesc, y: trtp.TensorDesc, post: trtp.TensorDesc, comb: trtp.TensorDesc,
+              pre: trtp.TensorDesc, fn: trtp.TensorDesc, base: trtp.TensorDesc, scale: trtp.TensorDesc,
+              norm_weight: trtp.TensorDesc, iters: int, hc_eps: float, rms_eps: float):
+        b, s, c, e = (streams.shape_expr[i] for i in range(4))
+        f32 = trt.float32
+        return (streams.like(), trtp.from_shape_expr((b, s, e), dtype=streams.dtype),
+                trtp.from_shape_expr((b, s, c), dtype=f32), trtp.from_shape_expr((b, s, c), dtype=f32),
+                trtp.from_shape_expr((b, s, c, c), dtype=f32))
+
+    @trtp.aot_impl(plugin_id)
+    def _aot(streams, y, post, comb, pre, fn, base, scale, norm_weight, iters: int, hc_eps: float,
+             rms_eps: float, outputs, tactic: int):
+        hc, hidden = (int(streams.shape_expr[i].constant_value()) for i in (2, 3))
+        compiled, cfg = aot_kernel(TORCH_FROM_TRT[streams.dtype], 1 << 20, hc, hidden, iters, hc_eps, rms_eps)
+        tokens = streams.shape_expr[0] * streams.shape_expr[1]
+        launch = trtp.KernelLaunchParams()
+        launch.grid_x = cdiv_expr(tokens, cfg["BLOCK_T"])
+        launch.block_x = compiled.block_x
+        launch.shared_mem = compiled.shared_mem
+        extra = trtp.SymIntExprs(3)
+        extra[0] = trtp.SymInt32(tokens)
+        extra[1] = trtp.SymInt32(hidden)  # one split owns every channel
+        extra[2] = trtp.SymInt32(1)
+        return compiled.name, compiled.ptx, launch, extra

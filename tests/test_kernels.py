@@ -1,0 +1,124 @@
+"""Every Triton kernel against its reference by the tolerance rule (tests/kernel_checks.py) on
+small irregular shapes: lengths crossing the kernels' block sizes, odd head counts, rows with
+nothing visible. On a machine without CUDA the kernels run in the Triton interpreter (conftest
+sets TRITON_INTERPRET=1), which is how CI covers them; on the GPU the same tests run for real.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsflash.plugins.launch import interpreting
+from kernel_checks import assert_kernel_matches
+
+triton = pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
+
+from dsflash.plugins.csa2_index_score import kernel as index_kernel  # noqa: E402
+from dsflash.plugins.csa2_index_score import reference as index_ref  # noqa: E402
+from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel  # noqa: E402
+from dsflash.plugins.csa2_sparse_attention import reference as attn_ref  # noqa: E402
+from dsflash.plugins.engram_hash_gather import kernel as engram_kernel  # noqa: E402
+from dsflash.plugins.engram_hash_gather import reference as engram_ref  # noqa: E402
+from dsflash.plugins.mhc_boundary import kernel as mhc_kernel  # noqa: E402
+from dsflash.plugins.mhc_boundary import reference as mhc_ref  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The interpreter computes in numpy (no bf16 arithmetic): check fp32 there, bf16 on the GPU too.
+DTYPES = [torch.float32] if interpreting() else [torch.float32, torch.bfloat16]
+
+
+def _dev(*ts):
+    return [t.to(DEVICE) if isinstance(t, torch.Tensor) else t for t in ts]
+
+
+def engram_case(gen, batch, new, look, heads, dim):
+    primes = [int(p) for p in torch.randint(50, 400, (look * heads,), generator=gen)]
+    offsets = [sum(primes[:i]) for i in range(len(primes))]
+    mult = [int(m) * 2 + 1 for m in torch.randint(1, 2**20, (look + 1,), generator=gen)]
+    cids = torch.randint(0, 1000, (batch, look + new), generator=gen)
+    cids[0, : look + 1] = -1  # positions before the start block every n-gram over them
+    cids[-1, look + new // 2] = -1  # a dead token mid-sequence
+    return cids, sum(primes), mult, primes, offsets
+
+
+@pytest.mark.parametrize("batch,new,look,heads,dim", [(2, 11, 3, 3, 20), (1, 1, 2, 8, 130), (3, 37, 1, 5, 16)])
+def test_engram_gather_kernel_is_exact(gen, batch, new, look, heads, dim):
+    cids, rows, mult, primes, offsets = engram_case(gen, batch, new, look, heads, dim)
+    table = torch.randn(rows, dim, generator=gen)
+    args = (cids, table, mult, primes, offsets, 7, heads)
+    got = engram_kernel.engram_hash_gather(*_dev(*args))
+    assert torch.equal(got.cpu(), engram_ref.engram_hash_gather(*args))  # a gather: bit-exact
+
+
+def test_engram_gather_kernel_rejects_bad_input(gen):
+    cids, rows, mult, primes, offsets = engram_case(gen, 1, 4, 2, 2, 8)
+    small = torch.randn(rows - 1, 8, generator=gen)
+    with pytest.raises(ValueError, match=f"table has {rows - 1} rows"):
+        engram_kernel.engram_hash_gather(*_dev(cids, small), mult, primes, offsets, 7, 2)
+    with pytest.raises(ValueError, match="cids has dtype torch.int32"):
+        engram_kernel.engram_hash_gather(*_dev(cids.int(), small), mult, primes, offsets, 7, 2)
+    with pytest.raises(ValueError, match="look \\* heads = 4"):
+        engram_kernel.engram_hash_gather(*_dev(cids, small), mult, primes[:3], offsets[:3], 7, 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b,s,i,j,n", [(2, 3, 3, 20, 70), (1, 1, 17, 16, 130), (2, 5, 2, 33, 5)])
+def test_index_score_kernel(gen, dtype, b, s, i, j, n):
+    q = torch.randn(b, s, i, j, generator=gen).to(dtype)
+    w = torch.randn(b, s, i, generator=gen)
+    k = torch.randn(b, n, j, generator=gen).to(dtype)
+    visible = torch.rand(b, s, n, generator=gen) > 0.3
+    visible[0, 0] = False  # a row that sees nothing
+    visible[-1, -1, : min(n, 64)] = False  # a whole key block skipped
+    args = (q, w, k, visible)
+    got = index_kernel.csa2_index_score(*_dev(*args))
+    assert_kernel_matches(got, index_ref.csa2_index_score, args, {}, dtype, "Csa2IndexScore")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b,s,h,d,n,k,t", [(2, 3, 5, 24, 40, 7, 11), (1, 1, 16, 64, 300, 70, 75),
+                                           (1, 4, 3, 130, 9, 3, 2)])
+def test_sparse_attention_kernel(gen, dtype, b, s, h, d, n, k, t):
+    q = torch.randn(b, s, h, d, generator=gen).to(dtype)
+    kv = torch.randn(b, n, d, generator=gen).to(dtype)
+    idx = torch.randint(-1, n, (b, s, k), generator=gen)
+    win = torch.randn(b, t, d, generator=gen).to(dtype)
+    mask = torch.rand(b, s, t, generator=gen) > 0.4
+    idx[-1, -1], mask[-1, -1] = -1, False  # a row with no key: all mass on the sink, output 0
+    sink = torch.randn(h, generator=gen)
+    args = (q, kv, idx, win, mask, sink, d ** -0.5)
+    got = attn_kernel.csa2_sparse_attention(*_dev(*args))
+    assert torch.count_nonzero(got[-1, -1]) == 0
+    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, dtype, "Csa2SparseAttention")
+
+
+def mhc_args(gen, b, s, c, e, dtype):
+    n_mix = (2 + c) * c
+    return (torch.randn(b, s, c, e, generator=gen).to(dtype), torch.randn(b, s, e, generator=gen).to(dtype),
+            torch.rand(b, s, c, generator=gen) * 2, torch.rand(b, s, c, c, generator=gen),
+            torch.rand(b, s, c, generator=gen) + 0.5, torch.randn(n_mix, c * e, generator=gen) * e ** -0.5,
+            torch.randn(n_mix, generator=gen), torch.rand(3, generator=gen) + 0.5,
+            torch.rand(e, generator=gen) + 0.5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b,s,c,e,n_split", [(2, 3, 4, 100, 1), (2, 3, 4, 100, 2), (1, 37, 2, 64, 1),
+                                             (1, 1, 4, 200, 4)])
+def test_mhc_boundary_kernel(gen, dtype, b, s, c, e, n_split):
+    args = mhc_args(gen, b, s, c, e, dtype)
+    launcher = mhc_kernel.MhcBoundaryLauncher()
+    attrs = dict(iters=20, hc_eps=1e-6, rms_eps=1e-6)
+    for _ in range(2):  # the second call checks the split path cleared its workspace
+        got = launcher(*_dev(*args), **attrs, n_split=n_split)
+        assert_kernel_matches(got, mhc_ref.mhc_boundary, args, attrs, dtype, f"MhcBoundary split={n_split}")
+
+
+def test_mhc_boundary_kernel_rejects_bad_input(gen):
+    args = list(mhc_args(gen, 1, 2, 3, 16, torch.float32))
+    with pytest.raises(ValueError, match="hc_mult 3"):
+        mhc_kernel.mhc_boundary(*_dev(*args), 20, 1e-6, 1e-6)
+    args = list(mhc_args(gen, 1, 2, 4, 16, torch.float32))
+    args[5] = args[5][:, :-1]
+    with pytest.raises(ValueError, match="fn has shape"):
+        mhc_kernel.mhc_boundary(*_dev(*args), 20, 1e-6, 1e-6)
