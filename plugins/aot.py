@@ -25,6 +25,8 @@ class AotKernel:
     num_warps: int
     shared_mem: int    # dynamic shared memory bytes the launch must give
     params: int        # .param entries of the entry (the declared ones + Triton's scratch pointers)
+    declared: int      # the kernel's non-constexpr parameters (what TensorRT passes)
+    global_scratch: int  # bytes of Triton global scratch the kernel needs (TensorRT gives none)
 
     @property
     def block_x(self) -> int:
@@ -65,7 +67,9 @@ def compile_ptx(kernel, signature: dict, constexprs: dict, num_warps: int, arch:
     ptx = compiled.asm["ptx"]
     entry = ptx.split(".entry", 1)[1].split(")", 1)[0]
     return AotKernel(name=compiled.metadata.name, ptx=ptx, num_warps=compiled.metadata.num_warps,
-                     shared_mem=compiled.metadata.shared, params=entry.count(".param"))
+                     shared_mem=compiled.metadata.shared, params=entry.count(".param"),
+                     declared=sum(1 for a in fn.arg_names if a not in constexprs),
+                     global_scratch=int(getattr(compiled.metadata, "global_scratch_size", 0)))
 
 
 def cdiv_expr(a, b: int):

@@ -42,21 +42,29 @@ def _ort_kernel(decl: OpDecl):
     return run
 
 
-def register_ort_ops() -> None:
-    """Register every op once per process (the extension keeps a process-wide table)."""
+def register_pyop(decl: OpDecl) -> None:
+    """Register one op with onnxruntime-extensions, once per process (it keeps a process-wide
+    table). Each op's ort.py calls this with its declaration."""
     from onnxruntime_extensions import onnx_op
     from onnxruntime_extensions._ocos import Opdef
 
-    from dsflash.plugins.registry import DECLS
-
+    if decl.name in {op.op_type for op in Opdef._odlist.values()}:
+        return
     ports, kinds = _pyop_types()
-    have = {op.op_type for op in Opdef._odlist.values()}
-    for decl in DECLS:
-        if decl.name in have:
-            continue
-        onnx_op(op_type=decl.name, inputs=[ports[p.dtype] for p in decl.inputs],
-                outputs=[ports[p.dtype] for p in decl.outputs],
-                attrs={a.name: kinds[a.kind] for a in decl.attrs})(_ort_kernel(decl))
+    onnx_op(op_type=decl.name, inputs=[ports[p.dtype] for p in decl.inputs],
+            outputs=[ports[p.dtype] for p in decl.outputs],
+            attrs={a.name: kinds[a.kind] for a in decl.attrs})(_ort_kernel(decl))
+
+
+def register_ort_ops() -> None:
+    """Every op's ONNX Runtime CPU implementation (plugins/<op>/ort.py)."""
+    from dsflash.plugins.csa2_index_score import ort as index_ort
+    from dsflash.plugins.csa2_sparse_attention import ort as attn_ort
+    from dsflash.plugins.engram_hash_gather import ort as engram_ort
+    from dsflash.plugins.mhc_boundary import ort as mhc_ort
+
+    for op in (engram_ort, index_ort, attn_ort, mhc_ort):
+        op.register()
 
 
 def ort_plugin_model(model):

@@ -51,6 +51,7 @@ class CacheManager:
         idx = self.cache.slot_index(slots)
         self.cache.check_room(idx, ids.shape[1])
         state = self.cache.gather(idx)
+        ids = ids.to(state["seq_len"].device)  # the pools' device (the generator builds ids on the host)
         return {n: (ids if n == "ids" else state[n]) for n in input_names}
 
     def write(self, graph: str, slots: list[int], outputs: dict, seq_len_before: torch.Tensor) -> None:

@@ -1,7 +1,9 @@
 """Engines: one graph each, `run(inputs) -> outputs` with the contract's tensor names
 (PIPELINE.md §5). The orchestration code does not know which backend it drives.
 
-  TorchEngine  the reference model's graph function (GraphModule), CPU or GPU
+  TorchEngine  the reference model's graph function (GraphModule), CPU or GPU; on the GPU
+               optionally with the Triton kernels (ops="triton") and the decode step replayed
+               as a CUDA graph (cuda_graph=True)
   OrtEngine    a bundle's ONNX graph on ONNX Runtime (portable or plugin flavor)
 Every engine checks its I/O against the contract (and, for bundles, the manifest) on load.
 """
@@ -15,7 +17,7 @@ import torch
 
 from dsflash.export.contract import GRAPHS, graph_inputs, graph_outputs
 
-BACKENDS = ("torch", "ort", "ort-plugin")
+BACKENDS = ("torch", "torch-triton", "ort", "ort-plugin")
 
 
 class Engine(Protocol):
@@ -33,12 +35,25 @@ def _check_feeds(engine, inputs: dict) -> None:
 
 
 class TorchEngine:
-    def __init__(self, model, graph: str):
+    def __init__(self, model, graph: str, ops: str | None = None, cuda_graph: bool = False):
+        """ops: switch the model's op backend ("reference", "triton"); note the model's OpSet is
+        shared by both graphs' engines. cuda_graph: capture and replay the step as a CUDA graph
+        (needs a CUDA model)."""
         from dsflash.export.graphs import GraphModule
 
         if graph not in GRAPHS:
             raise ValueError(f"unknown graph {graph!r}; graphs: {GRAPHS}")
+        if ops is not None:
+            model.ops.backend = ops
         self.graph, self.module = graph, GraphModule(model, graph).eval()
+        self._step = self.module
+        if cuda_graph:
+            device = next(model.parameters()).device
+            if device.type != "cuda":
+                raise ValueError(f"cuda_graph=True needs the model on a CUDA device, not {device}")
+            from dsflash.runtime.cuda_graph import GraphedStep
+
+            self._step = GraphedStep(self.module)
         self.input_names, self.output_names = self.module.input_names, self.module.output_names
         contract = ([t.name for t in graph_inputs(model.cfg, graph)],
                     [t.name for t in graph_outputs(model.cfg, graph)])
@@ -48,7 +63,7 @@ class TorchEngine:
     @torch.no_grad()
     def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         _check_feeds(self, inputs)
-        outs = self.module(*(inputs[n] for n in self.input_names))
+        outs = self._step(*(inputs[n] for n in self.input_names))
         return dict(zip(self.output_names, outs))
 
 
@@ -70,10 +85,15 @@ class OrtEngine:
 
 def make_engines(backend: str, bundle=None, model=None) -> dict[str, Engine]:
     """Both graphs' engines for a backend name."""
-    if backend == "torch":
+    if backend in ("torch", "torch-triton"):
         if model is None:
-            raise ValueError("the torch backend needs the reference model")
-        return {g: TorchEngine(model, g) for g in GRAPHS}
+            raise ValueError(f"the {backend} backend needs the reference model")
+        if backend == "torch":
+            return {g: TorchEngine(model, g) for g in GRAPHS}
+        # the kernels; on a GPU the decode step (fixed shapes per batch size) becomes a CUDA graph
+        on_gpu = next(model.parameters()).is_cuda
+        return {g: TorchEngine(model, g, ops="triton", cuda_graph=on_gpu and g == "decoder_step")
+                for g in GRAPHS}
     if backend in ("ort", "ort-plugin"):
         if bundle is None:
             raise ValueError(f"the {backend} backend needs a bundle")

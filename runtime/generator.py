@@ -118,6 +118,8 @@ class Generator:
         return [self._accept(r, logits[i]) for i, r in enumerate(batch)]
 
     def _accept(self, req: Request, logits_V: torch.Tensor) -> TokenEvent:
+        # sampling on the host: seeded CPU generators, and one small copy per token
+        logits_V = logits_V.detach().float().cpu()
         tok = int(sample_next(logits_V.unsqueeze(0), req.params.sampling, self._rngs[req.request_id])[0])
         if req.t_first_token is None:
             req.t_first_token = time.perf_counter()

@@ -122,3 +122,19 @@ def test_mhc_boundary_kernel_rejects_bad_input(gen):
     args[5] = args[5][:, :-1]
     with pytest.raises(ValueError, match="fn has shape"):
         mhc_kernel.mhc_boundary(*_dev(*args), 20, 1e-6, 1e-6)
+
+
+def test_tiny_model_runs_on_the_kernels(tiny_cfg, gen):
+    """The whole reference model with OpSet('triton'): same logits as the reference ops."""
+    from conftest import random_ids
+    from tolerances import MODEL, assert_close
+
+    from dsflash.model.model import DSFlashModel
+
+    model = DSFlashModel(tiny_cfg).init_weights(seed=1234).eval().to(DEVICE)
+    ids = random_ids(gen, 1, 13, tiny_cfg.vocab_size).to(DEVICE)
+    with torch.no_grad():
+        expected = model(ids)
+        model.ops.backend = "triton"
+        got = model(ids)
+    assert_close(got.cpu(), expected.cpu(), MODEL, "tiny logits, triton vs reference ops")

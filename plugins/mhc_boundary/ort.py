@@ -1,0 +1,11 @@
+"""ONNX Runtime CPU op for MhcBoundary in plugin-flavor graphs (an onnxruntime-extensions Python op
+computing the reference, fp32), used by tests and Polygraphy checks of plugin graphs."""
+
+from __future__ import annotations
+
+from dsflash.plugins.mhc_boundary.decl import DECL
+from dsflash.plugins.ort_ops import register_pyop
+
+
+def register() -> None:
+    register_pyop(DECL)

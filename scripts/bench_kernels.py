@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Microbenchmarks of the plugin kernels on a GPU (PIPELINE.md §8): each kernel against its
+PyTorch reference run eagerly and against its roofline from counted bytes, with in-run ceilings
+(device copy bandwidth, random-row gather bandwidth). Prints a table, writes JSON and a plot.
+
+    python scripts/bench_kernels.py --out bench_out [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+from tqdm import tqdm
+
+from dsflash.plugins.csa2_index_score import kernel as index_kernel
+from dsflash.plugins.csa2_index_score import reference as index_ref
+from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
+from dsflash.plugins.csa2_sparse_attention import reference as attn_ref
+from dsflash.plugins.engram_hash_gather import kernel as engram_kernel
+from dsflash.plugins.engram_hash_gather import reference as engram_ref
+from dsflash.plugins.mhc_boundary import kernel as mhc_kernel
+from dsflash.plugins.mhc_boundary import reference as mhc_ref
+
+BF16 = torch.bfloat16
+# the released sizes (model/config.py defaults)
+HEADS, HEAD_DIM, TOPK, WINDOW = 64, 512, 512, 128
+INDEX_HEADS, INDEX_DIM, CAND_BLOCKS, CAND_BLOCK = 32, 128, 2048, 8
+HIDDEN, HC = 5120, 4
+ENGRAM_LOOK, ENGRAM_HEADS, ENGRAM_DIM = 3, 8, 256
+
+
+def time_ms(fn, graph: bool = False) -> float:
+    """Median milliseconds; small launches are timed as CUDA-graph replays (no launch gaps)."""
+    fn()
+    torch.cuda.synchronize()
+    if graph:
+        return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def ceilings(quick: bool) -> dict:
+    n = (1 << 28) if quick else (1 << 30)  # bytes
+    src = torch.randn(n // 2, device="cuda", dtype=BF16)
+    dst = torch.empty_like(src)
+    copy_ms = time_ms(lambda: dst.copy_(src))
+    del src, dst
+    rows = 8 << 20
+    table = torch.randn(rows, ENGRAM_DIM, device="cuda", dtype=BF16)
+    idx = torch.randint(0, rows, (8192 * ENGRAM_LOOK * ENGRAM_HEADS,), device="cuda")
+    gather_ms = time_ms(lambda: torch.index_select(table, 0, idx))
+    return {"copy_GBps": 2 * n / copy_ms / 1e6,
+            "gather_GBps": idx.numel() * ENGRAM_DIM * 2 / gather_ms / 1e6}
+
+
+def engram_case(batch: int, new: int, table, gen) -> dict:
+    cols = ENGRAM_LOOK * ENGRAM_HEADS
+    per = table.shape[0] // cols - 64
+    primes = [per + 2 * i for i in range(cols)]  # sizes only matter for the access pattern
+    offsets = [sum(primes[:i]) for i in range(cols)]
+    mult = [int(m) * 2 + 1 for m in torch.randint(1, 2**30, (ENGRAM_LOOK + 1,), generator=gen)]
+    cids = torch.randint(0, 16384, (batch, ENGRAM_LOOK + new), generator=gen).to("cuda")
+    args = (cids, table, mult, primes, offsets, 3, ENGRAM_HEADS)
+    small = batch * new <= 256
+    k_ms = time_ms(lambda: engram_kernel.engram_hash_gather(*args), graph=small and table.is_cuda)
+    r_ms = time_ms(lambda: engram_ref.engram_hash_gather(*args)) if table.is_cuda else float("nan")
+    gathered = batch * new * cols * ENGRAM_DIM * 2
+    return {"kernel_us": 1e3 * k_ms, "eager_us": 1e3 * r_ms, "gathered_GBps": gathered / k_ms / 1e6}
+
+
+def csa2_layer(kind: str, ctx: int, gen) -> dict:
+    """One decode row of a CSA2 layer at context ctx: Full (ratio 1, index every entry), Reindex
+    (index the candidate pool of 2048 blocks x 8 only), Reuse (another layer's selection)."""
+    n = ctx
+    q = torch.randn(1, 1, HEADS, HEAD_DIM, generator=gen).to("cuda", BF16)
+    kv = torch.randn(1, n, HEAD_DIM, generator=gen).to("cuda", BF16)
+    win = torch.randn(1, WINDOW, HEAD_DIM, generator=gen).to("cuda", BF16)
+    wmask = torch.ones(1, 1, WINDOW, dtype=torch.bool, device="cuda")
+    sink = torch.randn(HEADS, generator=gen).cuda()
+    iq = torch.randn(1, 1, INDEX_HEADS, INDEX_DIM, generator=gen).to("cuda", BF16)
+    iw = torch.randn(1, 1, INDEX_HEADS, generator=gen).cuda()
+    ik = torch.randn(1, n, INDEX_DIM, generator=gen).to("cuda", BF16)
+    if kind == "reindex":
+        blocks = torch.randperm(n // CAND_BLOCK, generator=gen)[:CAND_BLOCKS]
+        vis = torch.zeros(n // CAND_BLOCK, CAND_BLOCK, dtype=torch.bool)
+        vis[blocks] = True
+        visible = vis.flatten().view(1, 1, n).cuda()
+    else:
+        visible = torch.ones(1, 1, n, dtype=torch.bool, device="cuda")
+    idx = torch.randint(0, n, (1, 1, TOPK), generator=gen).cuda()
+    scale = HEAD_DIM ** -0.5
+
+    def layer():
+        sel = idx
+        if kind != "reuse":
+            scores = index_kernel.csa2_index_score(iq, iw, ik, visible)
+            sel = scores.topk(TOPK, dim=-1).indices
+        return attn_kernel.csa2_sparse_attention(q, kv, sel, win, wmask, sink, scale)
+
+    out = {"layer_us": 1e3 * time_ms(layer, graph=True)}
+    if kind != "reuse":
+        out["index_us"] = 1e3 * time_ms(lambda: index_kernel.csa2_index_score(iq, iw, ik, visible), graph=True)
+        scores = index_kernel.csa2_index_score(iq, iw, ik, visible)
+        out["topk_us"] = 1e3 * time_ms(lambda: scores.topk(TOPK, dim=-1), graph=True)
+        keys_read = (visible.sum().item() if kind == "reindex" else n) * INDEX_DIM * 2
+        out["index_bytes"] = keys_read + n + 4 * n + INDEX_HEADS * (INDEX_DIM * 2 + 4)
+    out["attn_us"] = 1e3 * time_ms(lambda: attn_kernel.csa2_sparse_attention(q, kv, idx, win, wmask, sink, scale),
+                                   graph=True)
+    out["attn_bytes"] = (TOPK + WINDOW) * (HEAD_DIM * 2 + 8) + 2 * HEADS * HEAD_DIM * 2
+    if kind == "full" and ctx <= 32768:  # the eager reference of the same layer
+        def eager():
+            s = index_ref.csa2_index_score(iq, iw, ik, visible)
+            return attn_ref.csa2_sparse_attention(q, kv, s.topk(TOPK, dim=-1).indices, win, wmask, sink, scale)
+        out["eager_us"] = 1e3 * time_ms(eager)
+    return out
+
+
+def sdpa_dense(ctx: int, gen) -> float:
+    """PyTorch SDPA of one decode row over the uncompressed latent KV (MQA: one KV head, K = V)."""
+    q = torch.randn(1, HEADS, 1, HEAD_DIM, generator=gen).to("cuda", BF16)
+    kv = torch.randn(1, 1, ctx, HEAD_DIM, generator=gen).to("cuda", BF16)
+    f = torch.nn.functional.scaled_dot_product_attention
+    return 1e3 * time_ms(lambda: f(q, kv, kv, enable_gqa=True))
+
+
+def mhc_case(tokens: int, gen) -> dict:
+    n_mix = (2 + HC) * HC
+    args = [torch.randn(1, tokens, HC, HIDDEN, generator=gen).to(BF16), torch.randn(1, tokens, HIDDEN, generator=gen).to(BF16),
+            torch.rand(1, tokens, HC, generator=gen) * 2, torch.rand(1, tokens, HC, HC, generator=gen),
+            torch.rand(1, tokens, HC, generator=gen) + 0.5, torch.randn(n_mix, HC * HIDDEN, generator=gen) * 0.01,
+            torch.randn(n_mix, generator=gen), torch.rand(3, generator=gen) + 0.5,
+            (torch.rand(HIDDEN, generator=gen) + 0.5).to(BF16)]
+    args = [a.cuda() for a in args] + [20, 1e-6, 1e-6]
+    launcher = mhc_kernel.MhcBoundaryLauncher()
+    small = tokens <= 64
+    k_ms = time_ms(lambda: launcher(*args), graph=small)
+    r_ms = time_ms(lambda: mhc_ref.mhc_boundary(*args))
+    e = HIDDEN
+    per_token = HC * e * 2 * 2 + e * 2 + 3 * e * 2 + (2 * HC + HC * HC) * 4 * 2 + HC * 4 * 2
+    total = tokens * per_token + n_mix * HC * e * 4 + e * 2
+    return {"kernel_us": 1e3 * k_ms, "eager_us": 1e3 * r_ms, "bytes": total}
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ctxs = sorted(int(c) for c in results["sdpa_us"])
+    a.plot(ctxs, [results["sdpa_us"][str(c)] for c in ctxs], "o-", label="PyTorch SDPA, uncompressed KV")
+    a.plot(ctxs, [results["dense_roofline_us"][str(c)] for c in ctxs], "k--", label="dense roofline (KV read once)")
+    for kind in ("full", "reindex", "reuse"):
+        a.plot(ctxs, [results["csa2"][kind][str(c)]["layer_us"] for c in ctxs], "o-", label=f"CSA2 {kind} layer (kernels)")
+    a.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="decode time per layer (us)",
+          title="CSA2 decode attention, H200, bf16")
+    a.legend(fontsize=8)
+    labels = list(results["engram"]["hbm"])
+    b.bar(range(len(labels)), [results["engram"]["hbm"][k]["gathered_GBps"] for k in labels], label="table in HBM")
+    b.bar(range(len(labels)), [results["engram"]["pinned"][k]["gathered_GBps"] for k in labels], label="pinned host table")
+    b.axhline(results["ceilings"]["gather_GBps"], color="k", ls="--", label="index_select random-row gather")
+    b.set_xticks(range(len(labels)), labels, rotation=30, fontsize=8)
+    b.set(ylabel="gathered GB/s", title="Engram hash + gather")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="fewer sizes (a smoke run)")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(0)
+    res = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
+           "torch": torch.__version__, "triton": triton.__version__, "ceilings": ceilings(args.quick)}
+    bw = res["ceilings"]["copy_GBps"]
+    ctxs = [4096, 32768] if args.quick else [4096, 16384, 32768, 65536, 131072]
+    res["sdpa_us"], res["dense_roofline_us"] = {}, {}
+    res["csa2"] = {k: {} for k in ("full", "reindex", "reuse")}
+    for ctx in tqdm(ctxs, desc="csa2"):
+        res["sdpa_us"][str(ctx)] = sdpa_dense(ctx, gen)
+        res["dense_roofline_us"][str(ctx)] = ctx * HEAD_DIM * 2 / bw / 1e3
+        for kind in res["csa2"]:
+            res["csa2"][kind][str(ctx)] = csa2_layer(kind, ctx, gen)
+        torch.cuda.empty_cache()
+    rows = (4 << 20) if args.quick else (8 << 20)
+    table = torch.randn(rows, ENGRAM_DIM, dtype=BF16, device="cuda")
+    host = torch.empty(rows, ENGRAM_DIM, dtype=BF16).pin_memory()
+    host.copy_(table.cpu())
+    res["engram"] = {"hbm": {}, "pinned": {}}
+    for batch, new in tqdm([(1, 1), (8, 1), (64, 1), (256, 1), (1, 8192)], desc="engram"):
+        label = f"decode b={batch}" if new == 1 else f"prefill {new}"
+        res["engram"]["hbm"][label] = engram_case(batch, new, table, gen)
+        res["engram"]["pinned"][label] = engram_case(batch, new, host, gen)
+    del table, host
+    res["mhc"] = {str(t): mhc_case(t, gen) for t in tqdm([1, 64, 8192], desc="mhc")}
+    (out / "bench.json").write_text(json.dumps(res, indent=1))
+    plot(res, out / "bench.png")
+    report(res)
+
+
+def report(res: dict) -> None:
+    bw, gbw = res["ceilings"]["copy_GBps"], res["ceilings"]["gather_GBps"]
+    lines = [f"{res['gpu']}  torch {res['torch']}  triton {res['triton']}  {res['date']}",
+             f"ceilings: copy {bw:.0f} GB/s, index_select random-row gather {gbw:.0f} GB/s (gathered)"]
+    lines.append("CSA2 decode layer (us): ctx | SDPA dense | dense roofline | full (x SDPA, x roofline) | "
+                 "reindex | reuse | index kernel roofline% | attn kernel roofline%")
+    for ctx, sd in res["sdpa_us"].items():
+        roof = res["dense_roofline_us"][ctx]
+        f, ri, ru = (res["csa2"][k][ctx] for k in ("full", "reindex", "reuse"))
+        idx_frac = f["index_bytes"] / bw / 1e3 / f["index_us"]
+        att_frac = ru["attn_bytes"] / bw / 1e3 / ru["attn_us"]
+        lines.append(f"  {ctx:>6} | {sd:9.1f} | {roof:6.1f} | {f['layer_us']:6.1f} ({sd / f['layer_us']:5.0f}x, "
+                     f"{roof / f['layer_us']:4.1f}x) [index {f['index_us']:.1f} topk {f['topk_us']:.1f} attn "
+                     f"{f['attn_us']:.1f}] | {ri['layer_us']:6.1f} ({roof / ri['layer_us']:4.1f}x) | "
+                     f"{ru['layer_us']:5.1f} ({roof / ru['layer_us']:4.1f}x) | {100 * idx_frac:4.0f}% | "
+                     f"{100 * att_frac:4.0f}%")
+    lines.append("Engram gather: case | HBM us, GB/s (% of gather ceiling) | eager us | pinned host GB/s")
+    for label, h in res["engram"]["hbm"].items():
+        p = res["engram"]["pinned"][label]
+        lines.append(f"  {label:>12} | {h['kernel_us']:8.1f} {h['gathered_GBps']:7.0f} ({100 * h['gathered_GBps'] / gbw:3.0f}%)"
+                     f" | {h['eager_us']:8.1f} | {p['gathered_GBps']:6.1f}")
+    lines.append("MhcBoundary: tokens | kernel us | eager us | speedup | roofline %")
+    for t, m in res["mhc"].items():
+        lines.append(f"  {t:>6} | {m['kernel_us']:8.1f} | {m['eager_us']:8.1f} | {m['eager_us'] / m['kernel_us']:6.1f}x"
+                     f" | {100 * m['bytes'] / bw / 1e3 / m['kernel_us']:4.0f}%")
+    text = "\n".join(lines)
+    logging.info("\n%s", text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Everything the GPU machine checks, in one call (PIPELINE.md §8): the kernel tests for real
+# (tests/test_kernels.py on CUDA, the gpu-marked tests), the AOT compile of every plugin kernel
+# for the flash sizes, and the microbenchmarks (table last; JSON, plot and logs under $OUT).
+#   bash scripts/gpu_check.sh [--quick]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/.gpu_site:${PYTHONPATH:-}"
+# the package by path (the GPU image has no network for pip install -e); see scripts/gpu_site.sh
+bash scripts/gpu_site.sh .gpu_site
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_kernels_gpu.py -rs 2>&1 | tee "$OUT/tests.log"
+tests=${PIPESTATUS[0]}
+python3 scripts/aot_kernels.py --config flash --dtype bf16 --out "$OUT/kernels_flash" 2>&1 | tail -7 | tee "$OUT/aot.log"
+python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\]" | tail -30
+echo "gpu tests exit status: $tests"
+exit "$tests"

@@ -1,0 +1,154 @@
+"""The kernels on the GPU at the released sizes (bf16), with what only a GPU can check: FP8
+Engram rows, a table in pinned host memory, one launch per mHC boundary, the CUDA-graph decode
+step. Run on the H200 by scripts/gpu_check.sh; skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_checks import assert_kernel_matches
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+if torch.cuda.is_available():
+    from dsflash.plugins.csa2_index_score import kernel as index_kernel
+    from dsflash.plugins.csa2_index_score import reference as index_ref
+    from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
+    from dsflash.plugins.csa2_sparse_attention import reference as attn_ref
+    from dsflash.plugins.engram_hash_gather import kernel as engram_kernel
+    from dsflash.plugins.engram_hash_gather import reference as engram_ref
+    from dsflash.plugins.mhc_boundary import kernel as mhc_kernel
+    from dsflash.plugins.mhc_boundary import reference as mhc_ref
+
+BF16 = torch.bfloat16
+
+
+def poison_allocator(nbytes: int = 1 << 30) -> None:
+    """Fill a large cached block with NaN and free it: the kernels' torch.empty outputs come from
+    it, so an element a kernel fails to write stays NaN and fails the comparison."""
+    junk = torch.full((nbytes // 4,), float("nan"), device="cuda")
+    del junk
+
+
+def cuda(*ts):
+    return [t.cuda() if isinstance(t, torch.Tensor) else t for t in ts]
+
+
+def engram_inputs(gen, batch, new, look=3, heads=8, dim=256, rows_per_head=30011):
+    primes = [rows_per_head + 2 * i for i in range(look * heads)]
+    offsets = [sum(primes[:i]) for i in range(len(primes))]
+    mult = [int(m) * 2 + 1 for m in torch.randint(1, 2**30, (look + 1,), generator=gen)]
+    cids = torch.randint(0, 16384, (batch, look + new), generator=gen)
+    cids[:, :look] = -1
+    return cids, sum(primes), mult, primes, offsets
+
+
+@pytest.mark.parametrize("batch,new", [(1, 1), (256, 1), (1, 8191)])
+def test_engram_gather_flash_sizes(gen, batch, new):
+    cids, rows, mult, primes, offsets = engram_inputs(gen, batch, new)
+    table = torch.randn(rows, 256, generator=gen).to(BF16)
+    poison_allocator()
+    got = engram_kernel.engram_hash_gather(*cuda(cids, table), mult, primes, offsets, 3, 8)
+    assert torch.equal(got.cpu(), engram_ref.engram_hash_gather(cids, table, mult, primes, offsets, 3, 8))
+
+
+def test_engram_gather_fp8_rows_and_pinned_host_table(gen):
+    cids, rows, mult, primes, offsets = engram_inputs(gen, 4, 33)
+    table = (torch.randn(rows, 256, generator=gen) * 8).to(torch.float8_e4m3fn)
+    scales = torch.rand(rows, generator=gen) + 0.01
+    expected = engram_ref.engram_hash_gather_fp8(cids, table, scales, mult, primes, offsets, 3, 8)
+    poison_allocator()
+    got = engram_kernel.engram_hash_gather_fp8(*cuda(cids, table, scales), mult, primes, offsets, 3, 8)
+    assert torch.equal(got.cpu(), expected)
+    host = torch.randn(rows, 256, generator=gen).to(BF16).pin_memory()  # read over PCIe (UVA)
+    got = engram_kernel.engram_hash_gather(cids.cuda(), host, mult, primes, offsets, 3, 8)
+    assert torch.equal(got.cpu(), engram_ref.engram_hash_gather(cids, host, mult, primes, offsets, 3, 8))
+    with pytest.raises(ValueError, match="table is on cpu"):
+        engram_kernel.engram_hash_gather(cids.cuda(), host.clone(), mult, primes, offsets, 3, 8)
+
+
+@pytest.mark.parametrize("s,n", [(1, 4099), (5, 16411), (130, 1000)])
+def test_index_score_flash_sizes(gen, s, n):
+    q = torch.randn(1, s, 32, 128, generator=gen).to(BF16)
+    w = torch.randn(1, s, 32, generator=gen)
+    k = torch.randn(1, n, 128, generator=gen).to(BF16)
+    visible = torch.rand(1, s, n, generator=gen) > 0.2
+    poison_allocator()
+    got = index_kernel.csa2_index_score(*cuda(q, w, k, visible))
+    assert_kernel_matches(got, index_ref.csa2_index_score, (q, w, k, visible), {}, BF16, "index score")
+
+
+@pytest.mark.parametrize("s", [1, 3, 67])
+def test_sparse_attention_flash_sizes(gen, s):
+    n, k, t = 5000, 512, 128 + s
+    q = torch.randn(1, s, 64, 512, generator=gen).to(BF16)
+    kv = torch.randn(1, n, 512, generator=gen).to(BF16)
+    idx = torch.randint(-1, n, (1, s, k), generator=gen)
+    win = torch.randn(1, t, 512, generator=gen).to(BF16)
+    mask = torch.rand(1, s, t, generator=gen) > 0.3
+    sink = torch.randn(64, generator=gen)
+    args = (q, kv, idx, win, mask, sink, 512 ** -0.5)
+    poison_allocator()
+    got = attn_kernel.csa2_sparse_attention(*cuda(*args))
+    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, "sparse attention")
+
+
+def mhc_inputs(gen, tokens, c=4, e=5120):
+    n_mix = (2 + c) * c
+    return (torch.randn(1, tokens, c, e, generator=gen).to(BF16), torch.randn(1, tokens, e, generator=gen).to(BF16),
+            torch.rand(1, tokens, c, generator=gen) * 2, torch.rand(1, tokens, c, c, generator=gen),
+            torch.rand(1, tokens, c, generator=gen) + 0.5, torch.randn(n_mix, c * e, generator=gen) * e ** -0.5,
+            torch.randn(n_mix, generator=gen), torch.rand(3, generator=gen) + 0.5,
+            (torch.rand(e, generator=gen) + 0.5).to(BF16))
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 300])
+def test_mhc_boundary_flash_sizes(gen, tokens):
+    args = mhc_inputs(gen, tokens)
+    attrs = dict(iters=20, hc_eps=1e-6, rms_eps=1e-6)
+    launcher = mhc_kernel.MhcBoundaryLauncher()
+    for _ in range(2):  # the second call runs on the workspace the first one cleared
+        poison_allocator()
+        got = launcher(*cuda(*args), **attrs)
+        assert_kernel_matches(got, mhc_ref.mhc_boundary, args, attrs, BF16, f"mhc {tokens} tokens")
+
+
+def test_mhc_boundary_is_one_launch(gen):
+    from torch.profiler import ProfilerActivity, profile
+
+    args = cuda(*mhc_inputs(gen, 1))
+    launcher = mhc_kernel.MhcBoundaryLauncher()
+    launcher(*args, 20, 1e-6, 1e-6)  # compiles and allocates the workspace
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        launcher(*args, 20, 1e-6, 1e-6)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    assert kernels == ["mhc_boundary_kernel"], kernels
+
+
+def test_cuda_graph_decode_with_kernels_gives_reference_tokens(tiny_cfg, gen):
+    """Greedy generation through the runtime: reference ops eagerly vs Triton kernels with the
+    decode step replayed as a CUDA graph, ragged batch of two prompts."""
+    from conftest import random_ids
+    from dsflash.model.model import DSFlashModel
+    from dsflash.runtime.cache_manager import CacheManager
+    from dsflash.runtime.engine import make_engines
+    from dsflash.runtime.generator import Generator
+    from dsflash.runtime.request import GenerationParams
+
+    prompts = [random_ids(gen, 1, n, tiny_cfg.vocab_size)[0].tolist() for n in (13, 5)]
+    params = GenerationParams(max_new_tokens=12)
+    runs = {}
+    for backend in ("torch", "torch-triton"):
+        model = DSFlashModel(tiny_cfg).init_weights(seed=1234).eval().cuda()
+        engines = make_engines(backend, model=model)
+        g = Generator(engines, CacheManager(tiny_cfg, 2, 64, device="cuda"))
+        ids = [g.add(p, params) for p in prompts]
+        done = g.run()
+        runs[backend] = [done[i].tokens for i in ids]
+        if backend == "torch-triton":
+            assert engines["decoder_step"]._step.captured >= 1
+    assert runs["torch-triton"] == runs["torch"]
