@@ -95,13 +95,14 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
         visible = torch.ones(1, 1, n, dtype=torch.bool, device="cuda")
     idx = torch.randint(0, n, (1, 1, TOPK), generator=gen).cuda()
     scale = HEAD_DIM ** -0.5
+    attn = attn_kernel.SparseAttentionLauncher()  # held: its workspace is reused across calls
 
     def layer():
         sel = idx
         if kind != "reuse":
             scores = index_kernel.csa2_index_score(iq, iw, ik, visible)
             sel = scores.topk(TOPK, dim=-1).indices
-        return attn_kernel.csa2_sparse_attention(q, kv, sel, win, wmask, sink, scale)
+        return attn(q, kv, sel, win, wmask, sink, scale)
 
     out = {"layer_us": 1e3 * time_ms(layer, graph=True)}
     if kind != "reuse":
@@ -110,8 +111,7 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
         out["topk_us"] = 1e3 * time_ms(lambda: scores.topk(TOPK, dim=-1), graph=True)
         keys_read = (visible.sum().item() if kind == "reindex" else n) * INDEX_DIM * 2
         out["index_bytes"] = keys_read + n + 4 * n + INDEX_HEADS * (INDEX_DIM * 2 + 4)
-    out["attn_us"] = 1e3 * time_ms(lambda: attn_kernel.csa2_sparse_attention(q, kv, idx, win, wmask, sink, scale),
-                                   graph=True)
+    out["attn_us"] = 1e3 * time_ms(lambda: attn(q, kv, idx, win, wmask, sink, scale), graph=True)
     out["attn_bytes"] = (TOPK + WINDOW) * (HEAD_DIM * 2 + 8) + 2 * HEADS * HEAD_DIM * 2
     if kind == "full" and ctx <= 32768:  # the eager reference of the same layer
         def eager():
@@ -129,14 +129,19 @@ def sdpa_dense(ctx: int, gen) -> float:
     return 1e3 * time_ms(lambda: f(q, kv, kv, enable_gqa=True))
 
 
+def mhc_inputs(tokens: int, gen) -> list:
+    n_mix = (2 + HC) * HC
+    return [torch.randn(1, tokens, HC, HIDDEN, generator=gen).to(BF16),
+            torch.randn(1, tokens, HIDDEN, generator=gen).to(BF16),
+            torch.rand(1, tokens, HC, generator=gen) * 2, torch.rand(1, tokens, HC, HC, generator=gen),
+            torch.rand(1, tokens, HC, generator=gen) + 0.5,
+            torch.randn(n_mix, HC * HIDDEN, generator=gen) * 0.01, torch.randn(n_mix, generator=gen),
+            torch.rand(3, generator=gen) + 0.5, (torch.rand(HIDDEN, generator=gen) + 0.5).to(BF16)]
+
+
 def mhc_case(tokens: int, gen) -> dict:
     n_mix = (2 + HC) * HC
-    args = [torch.randn(1, tokens, HC, HIDDEN, generator=gen).to(BF16), torch.randn(1, tokens, HIDDEN, generator=gen).to(BF16),
-            torch.rand(1, tokens, HC, generator=gen) * 2, torch.rand(1, tokens, HC, HC, generator=gen),
-            torch.rand(1, tokens, HC, generator=gen) + 0.5, torch.randn(n_mix, HC * HIDDEN, generator=gen) * 0.01,
-            torch.randn(n_mix, generator=gen), torch.rand(3, generator=gen) + 0.5,
-            (torch.rand(HIDDEN, generator=gen) + 0.5).to(BF16)]
-    args = [a.cuda() for a in args] + [20, 1e-6, 1e-6]
+    args = [a.cuda() for a in mhc_inputs(tokens, gen)] + [20, 1e-6, 1e-6]
     launcher = mhc_kernel.MhcBoundaryLauncher()
     small = tokens <= 64
     k_ms = time_ms(lambda: launcher(*args), graph=small)
@@ -145,6 +150,44 @@ def mhc_case(tokens: int, gen) -> dict:
     per_token = HC * e * 2 * 2 + e * 2 + 3 * e * 2 + (2 * HC + HC * HC) * 4 * 2 + HC * 4 * 2
     total = tokens * per_token + n_mix * HC * e * 4 + e * 2
     return {"kernel_us": 1e3 * k_ms, "eager_us": 1e3 * r_ms, "bytes": total}
+
+
+def sweep(gen) -> dict:
+    """Launch parameters of the two kernels with the most freedom, at decode and prefill sizes;
+    the defaults in launch_config come from these runs."""
+    res = {}
+    for rows in (1, 64):
+        q = torch.randn(1, rows, HEADS, HEAD_DIM, generator=gen).to("cuda", BF16)
+        kv = torch.randn(1, 65536, HEAD_DIM, generator=gen).to("cuda", BF16)
+        idx = torch.randint(0, 65536, (1, rows, TOPK), generator=gen).cuda()
+        win = torch.randn(1, WINDOW + rows, HEAD_DIM, generator=gen).to("cuda", BF16)
+        wmask = torch.ones(1, rows, WINDOW + rows, dtype=torch.bool, device="cuda")
+        sink = torch.randn(HEADS, generator=gen).cuda()
+        for bh in (16, 32, 64):
+            for bk in (16, 32, 64):
+                for nw in (4, 8):
+                    over = dict(BLOCK_H=bh, BLOCK_K=bk, num_warps=nw)
+                    f = attn_kernel.SparseAttentionLauncher(overrides=over)
+                    try:
+                        us = 1e3 * time_ms(lambda: f(q, kv, idx, win, wmask, sink, 0.04), graph=True)
+                    except Exception as exc:  # a config that does not fit (shared memory, registers)
+                        logging.info("attention rows=%d %s: %s", rows, over, str(exc).splitlines()[0][:80])
+                        continue
+                    res[f"attn rows={rows} {over}"] = us
+    for tokens in (1, 8192):
+        args = [t.cuda() for t in mhc_inputs(tokens, gen)] + [20, 1e-6, 1e-6]
+        for be in (32, 64, 128):
+            for bt in ((16,) if tokens == 1 else (16, 32, 64)):
+                for nw in (4, 8):
+                    over = dict(BLOCK_E=be, BLOCK_T=bt, num_warps=nw)
+                    f = mhc_kernel.MhcBoundaryLauncher(overrides=over)
+                    try:
+                        us = 1e3 * time_ms(lambda: f(*args), graph=tokens == 1)
+                    except Exception as exc:
+                        logging.info("mhc tokens=%d %s: %s", tokens, over, str(exc).splitlines()[0][:80])
+                        continue
+                    res[f"mhc tokens={tokens} {over}"] = us
+    return res
 
 
 def plot(results: dict, path: Path) -> None:
@@ -177,6 +220,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="fewer sizes (a smoke run)")
+    ap.add_argument("--sweep", action="store_true", help="also sweep launch parameters")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     out = Path(args.out)
@@ -205,6 +249,11 @@ def main() -> None:
         res["engram"]["pinned"][label] = engram_case(batch, new, host, gen)
     del table, host
     res["mhc"] = {str(t): mhc_case(t, gen) for t in tqdm([1, 64, 8192], desc="mhc")}
+    if args.sweep:
+        res["sweep_us"] = sweep(gen)
+        for case in ("attn rows=1", "attn rows=64", "mhc tokens=1 ", "mhc tokens=8192"):
+            best = sorted((us, k) for k, us in res["sweep_us"].items() if k.startswith(case))[:3]
+            logging.info("sweep best %s: %s", case, "; ".join(f"{us:.1f} us {k[len(case):]}" for us, k in best))
     (out / "bench.json").write_text(json.dumps(res, indent=1))
     plot(res, out / "bench.png")
     report(res)

@@ -77,9 +77,9 @@ def test_index_score_kernel(gen, dtype, b, s, i, j, n):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("b,s,h,d,n,k,t", [(2, 3, 5, 24, 40, 7, 11), (1, 1, 16, 64, 300, 70, 75),
-                                           (1, 4, 3, 130, 9, 3, 2)])
-def test_sparse_attention_kernel(gen, dtype, b, s, h, d, n, k, t):
+@pytest.mark.parametrize("b,s,h,d,n,k,t,n_split", [(2, 3, 5, 24, 40, 7, 11, 1), (1, 1, 16, 64, 300, 70, 75, 1),
+                                                   (1, 1, 16, 64, 300, 70, 75, 3), (1, 4, 3, 130, 9, 3, 2, 2)])
+def test_sparse_attention_kernel(gen, dtype, b, s, h, d, n, k, t, n_split):
     q = torch.randn(b, s, h, d, generator=gen).to(dtype)
     kv = torch.randn(b, n, d, generator=gen).to(dtype)
     idx = torch.randint(-1, n, (b, s, k), generator=gen)
@@ -88,9 +88,12 @@ def test_sparse_attention_kernel(gen, dtype, b, s, h, d, n, k, t):
     idx[-1, -1], mask[-1, -1] = -1, False  # a row with no key: all mass on the sink, output 0
     sink = torch.randn(h, generator=gen)
     args = (q, kv, idx, win, mask, sink, d ** -0.5)
-    got = attn_kernel.csa2_sparse_attention(*_dev(*args))
-    assert torch.count_nonzero(got[-1, -1]) == 0
-    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, dtype, "Csa2SparseAttention")
+    launcher = attn_kernel.SparseAttentionLauncher()
+    for _ in range(2):  # the second call checks the split path cleared its counters
+        got = launcher(*_dev(*args), n_split=n_split)
+        assert torch.count_nonzero(got[-1, -1]) == 0
+        assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, dtype,
+                              f"Csa2SparseAttention split={n_split}")
 
 
 def mhc_args(gen, b, s, c, e, dtype):

@@ -2,8 +2,11 @@
 entries (gathered by index) and to its window keys in one online softmax, with the per-head
 sink in the denominator. K = V (MQA latent), so every key row loaded serves all heads of a block.
 
-Grid: (B * S query rows, head blocks of BLOCK_H). Keys stream through in blocks of BLOCK_K:
-first the K selected entries (idx -1 = none), then the T window keys (win_mask). bf16/fp16
+Grid: (B * S query rows, head blocks of BLOCK_H, key splits). Keys stream through in blocks of
+BLOCK_K: first the K selected entries (idx -1 = none, as is anything outside [0, N)), then the T
+window keys (win_mask). With few rows (decode) the key blocks are split over programs and the
+last program of each (row, head block) merges the partial softmaxes (flash-decoding), so the
+whole GPU works on one token. bf16/fp16
 operands go to the tensor cores with fp32 accumulation (p is rounded to the operand dtype for
 the second product, as flash attention does); fp32 operands use exact IEEE products.
 """
@@ -36,54 +39,80 @@ def _attend_block(acc, m_i, l_i, q, kv, valid, scale, IEEE: tl.constexpr):
 
 
 @triton.jit
-def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sink_ptr, S, N, T, K, out_ptr,
+def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sink_ptr, S, N, T, K,
+                                 blocks_per_split, out_ptr, ws_acc, ws_ml, counter,
                                  H: tl.constexpr, D: tl.constexpr, SCALE: tl.constexpr,
                                  BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-                                 IEEE: tl.constexpr):
-    # TensorRT's AOT order (inputs, integer scalars, outputs); contiguous tensors, so strides
-    # follow from the sizes; the softmax scale is a compile-time constant (an attribute).
+                                 SPLIT: tl.constexpr, IEEE: tl.constexpr):
+    # TensorRT's AOT order (inputs, integer scalars, outputs), then the split path's workspace
+    # (the TensorRT build compiles SPLIT = 0 and never touches it). Contiguous tensors, so
+    # strides follow from the sizes; the softmax scale is a compile-time constant (an attribute).
     row = tl.program_id(0).to(tl.int64)
     b = row // S
     s = row % S
-    scale = SCALE
-    sq_b, sq_s, sq_h = S * H * D, H * D, D
-    skv_b, skv_n = N * D, D
-    si_b, si_s = S * K, K
-    sw_b, sw_t = T * D, D
-    sm_b, sm_s = S * T, T
-    so_b, so_s, so_h = sq_b, sq_s, sq_h
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = h < H
     dd = tl.arange(0, BLOCK_D)
     dmask = dd < D
-    q = tl.load(q_ptr + b * sq_b + s * sq_s + h[:, None] * sq_h + dd[None, :],
-                mask=hmask[:, None] & dmask[None, :], other=0.0)
+    hd_mask = hmask[:, None] & dmask[None, :]
+    q = tl.load(q_ptr + ((b * S + s) * H + h[:, None]) * D + dd[None, :], mask=hd_mask, other=0.0)
     # The sink joins the softmax as a logit with no value: start the running max there.
-    m_i = tl.load(sink_ptr + h, mask=hmask, other=0.0).to(tl.float32)
-    sink = m_i
+    sink = tl.load(sink_ptr + h, mask=hmask, other=0.0).to(tl.float32)
+    m_i = sink
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     kk = tl.arange(0, BLOCK_K)
-    for k0 in range(0, K, BLOCK_K):
-        sel = tl.load(idx_ptr + b * si_b + s * si_s + k0 + kk, mask=k0 + kk < K, other=-1)
-        valid = (sel >= 0) & (sel < N)
-        kv = tl.load(kv_ptr + b * skv_b + sel[:, None] * skv_n + dd[None, :],
-                     mask=valid[:, None] & dmask[None, :], other=0.0)
-        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, kv, valid, scale, IEEE)
-    for t0 in range(0, T, BLOCK_K):
-        t = t0 + kk
-        valid = tl.load(wmask_ptr + b * sm_b + s * sm_s + t, mask=t < T, other=0) != 0
-        kv = tl.load(win_ptr + b * sw_b + t[:, None] * sw_t + dd[None, :],
-                     mask=valid[:, None] & dmask[None, :], other=0.0)
-        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, kv, valid, scale, IEEE)
-    out = acc / (l_i + tl.exp(sink - m_i))[:, None]
-    tl.store(out_ptr + b * so_b + s * so_s + h[:, None] * so_h + dd[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=hmask[:, None] & dmask[None, :])
+    # keys: the K selected entries in blocks, then the T window keys; a split takes a run of blocks
+    sel_blocks = tl.cdiv(K, BLOCK_K)
+    n_blocks = sel_blocks + tl.cdiv(T, BLOCK_K)
+    first = tl.program_id(2) * blocks_per_split
+    for blk in range(first, tl.minimum(first + blocks_per_split, n_blocks)):
+        if blk < sel_blocks:
+            k = blk * BLOCK_K + kk
+            sel = tl.load(idx_ptr + (b * S + s) * K + k, mask=k < K, other=-1)
+            valid = (sel >= 0) & (sel < N)
+            kv = tl.load(kv_ptr + (b * N + sel[:, None]) * D + dd[None, :], mask=valid[:, None] & dmask[None, :],
+                         other=0.0)
+        else:
+            t = (blk - sel_blocks) * BLOCK_K + kk
+            valid = tl.load(wmask_ptr + (b * S + s) * T + t, mask=t < T, other=0) != 0
+            kv = tl.load(win_ptr + (b * T + t[:, None]) * D + dd[None, :], mask=valid[:, None] & dmask[None, :],
+                         other=0.0)
+        acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, kv, valid, SCALE, IEEE)
+    out_ptrs = out_ptr + ((b * S + s) * H + h[:, None]) * D + dd[None, :]
+    if SPLIT:
+        n_split = tl.num_programs(2)
+        pair = row * tl.num_programs(1) + tl.program_id(1)  # (query row, head block)
+        slot = pair * n_split + tl.program_id(2)
+        hh = tl.arange(0, BLOCK_H)
+        tl.store(ws_acc + (slot * BLOCK_H + hh[:, None]) * BLOCK_D + dd[None, :], acc)
+        tl.store(ws_ml + slot * 2 * BLOCK_H + hh, m_i)
+        tl.store(ws_ml + slot * 2 * BLOCK_H + BLOCK_H + hh, l_i)
+        tl.debug_barrier()  # every thread's partials are written before the counter moves
+        done = tl.atomic_add(counter + pair, 1)  # acq_rel at GPU scope
+        if done == n_split - 1:  # the last split of this (row, head block) merges them all
+            m_all = sink
+            for p in range(n_split):
+                m_all = tl.maximum(m_all, tl.load(ws_ml + (pair * n_split + p) * 2 * BLOCK_H + hh,
+                                                  cache_modifier=".cg"))
+            l_all = tl.zeros([BLOCK_H], dtype=tl.float32)
+            acc_all = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+            for p in range(n_split):
+                base = (pair * n_split + p) * 2 * BLOCK_H
+                w = tl.exp(tl.load(ws_ml + base + hh, cache_modifier=".cg") - m_all)
+                l_all += w * tl.load(ws_ml + base + BLOCK_H + hh, cache_modifier=".cg")
+                part = tl.load(ws_acc + ((pair * n_split + p) * BLOCK_H + hh[:, None]) * BLOCK_D + dd[None, :],
+                               cache_modifier=".cg")
+                acc_all += w[:, None] * part
+            tl.store(counter + pair, 0)  # cleared for the next launch
+            out = acc_all / (l_all + tl.exp(sink - m_all))[:, None]
+            tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=hd_mask)
+    else:
+        out = acc / (l_i + tl.exp(sink - m_i))[:, None]
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=hd_mask)
 
 
-def csa2_sparse_attention(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_BSK: torch.Tensor,
-                          win_kv_BTD: torch.Tensor, win_mask_BST: torch.Tensor, sink_H: torch.Tensor,
-                          scale: float) -> torch.Tensor:
+def _check(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H):
     op = "Csa2SparseAttention"
     check_shape(op, "q", q_BSHD, (None, None, None, None))
     b, s, h, d = q_BSHD.shape
@@ -103,16 +132,70 @@ def csa2_sparse_attention(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_BSK: t
     require(d <= 512, f"{op}: head_dim {d} > 512, the largest the kernel keeps in registers")
     check_device(op, q=q_BSHD, kv=kv_BND, idx=idx_BSK, win_kv=win_kv_BTD, win_mask=win_mask_BST,
                  sink=sink_H)
-    q, kv, win = q_BSHD.contiguous(), kv_BND.contiguous(), win_kv_BTD.contiguous()
-    idx, wmask = idx_BSK.contiguous(), win_mask_BST.contiguous().view(torch.uint8)
-    out = torch.empty_like(q)
-    if out.numel() == 0:
+
+
+class SparseAttentionLauncher:
+    """Splits the key list of each (query row, head block) over several programs when there are
+    too few rows to fill the GPU (decode: 640 keys, 4 head blocks), merging the partial softmaxes
+    in the last program of each pair; holds that path's self-clearing workspace, so a call stays
+    one launch. One instance per device/stream; calls on it must not overlap."""
+
+    def __init__(self, sm_count: int | None = None, overrides: dict | None = None):
+        """overrides: launch parameters replacing launch_config's (benchmark sweeps)."""
+        self._ws: dict = {}
+        self._sm_count = sm_count
+        self._overrides = dict(overrides or {})
+
+    def _sms(self, device: torch.device) -> int:
+        if self._sm_count is None:
+            self._sm_count = (torch.cuda.get_device_properties(device).multi_processor_count
+                              if device.type == "cuda" else 4)
+        return self._sm_count
+
+    def _workspace(self, device, slots: int, pairs: int, block_h: int, block_d: int):
+        key = (device, block_h, block_d)
+        ws = self._ws.get(key)
+        if ws is None or ws[1].shape[0] < slots or ws[2].numel() < pairs:
+            ws = (torch.empty(slots, block_h, block_d, dtype=torch.float32, device=device),
+                  torch.empty(slots, 2, block_h, dtype=torch.float32, device=device),
+                  torch.zeros(pairs, dtype=torch.int32, device=device))
+            self._ws[key] = ws
+        return ws
+
+    def __call__(self, q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale: float,
+                 n_split: int | None = None):
+        _check(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H)
+        b, s, h, d = q_BSHD.shape
+        t = win_kv_BTD.shape[1]
+        q, kv, win = q_BSHD.contiguous(), kv_BND.contiguous(), win_kv_BTD.contiguous()
+        idx, wmask = idx_BSK.contiguous(), win_mask_BST.contiguous().view(torch.uint8)
+        out = torch.empty_like(q)
+        if out.numel() == 0:
+            return out
+        cfg = launch_config(h, d, q.dtype) | self._overrides
+        h_blocks = triton.cdiv(h, cfg["BLOCK_H"])
+        pairs = b * s * h_blocks
+        n_blocks = triton.cdiv(idx.shape[2], cfg["BLOCK_K"]) + triton.cdiv(t, cfg["BLOCK_K"])
+        if n_split is None:  # split keys only until the grid covers the GPU twice, >= 4 blocks each
+            n_split = max(1, min(triton.cdiv(n_blocks, 4), triton.cdiv(2 * self._sms(q.device), pairs)))
+        per = triton.cdiv(n_blocks, max(1, n_split))
+        n_split = triton.cdiv(n_blocks, per)
+        if n_split > 1:
+            ws = self._workspace(q.device, pairs * n_split, pairs, cfg["BLOCK_H"], cfg["BLOCK_D"])
+        else:
+            ws = (out, out, out)  # never touched
+        csa2_sparse_attention_kernel[(b * s, h_blocks, n_split)](
+            q, kv, idx, win, wmask, sink_H.contiguous(), s, kv.shape[1], t, idx.shape[2], per, out, *ws,
+            H=h, D=d, SCALE=float(scale), SPLIT=n_split > 1, **cfg)
         return out
-    cfg = launch_config(h, d, q.dtype)
-    grid = (b * s, triton.cdiv(h, cfg["BLOCK_H"]))
-    csa2_sparse_attention_kernel[grid](q, kv, idx, win, wmask, sink_H.contiguous(), s, kv.shape[1], t,
-                                       idx.shape[2], out, H=h, D=d, SCALE=float(scale), **cfg)
-    return out
+
+
+def csa2_sparse_attention(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_BSK: torch.Tensor,
+                          win_kv_BTD: torch.Tensor, win_mask_BST: torch.Tensor, sink_H: torch.Tensor,
+                          scale: float) -> torch.Tensor:
+    """The reference's signature; a fresh launcher (and workspace) per call. Hold a
+    SparseAttentionLauncher to reuse the workspace."""
+    return SparseAttentionLauncher()(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale)
 
 
 def launch_config(heads: int, dim: int, dtype: torch.dtype) -> dict:

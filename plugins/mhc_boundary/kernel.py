@@ -23,11 +23,10 @@ from dsflash.plugins.launch import check_device, check_dtype, check_shape, next_
 
 
 @triton.jit
-def _finish_rows(acc, sumsq_r, sumsq_x, t, tmask, x_ptr, nw_ptr, base_ptr, scale_ptr,
-                 pre_out, post_out, comb_out, E: tl.constexpr, ITERS: tl.constexpr,
-                 HC_EPS: tl.constexpr, RMS_EPS: tl.constexpr, C: tl.constexpr, M: tl.constexpr,
-                 MP: tl.constexpr, BLOCK_E: tl.constexpr, FRESH_LOADS: tl.constexpr):
-    """Coefficients of the next site and the normalised next input for the rows t."""
+def _next_coefficients(acc, sumsq_r, t, tmask, base_ptr, scale_ptr, pre_out, post_out, comb_out,
+                       E: tl.constexpr, ITERS: tl.constexpr, HC_EPS: tl.constexpr, RMS_EPS: tl.constexpr,
+                       C: tl.constexpr, M: tl.constexpr, MP: tl.constexpr):
+    """pre, post (sigmoids) and comb (Sinkhorn) of the next site for the rows t."""
     mixes = acc * tl.rsqrt(sumsq_r / (C * E) + RMS_EPS)[:, None]
     m = tl.arange(0, MP)
     base = tl.load(base_ptr + m, mask=m < M, other=0.0).to(tl.float32)
@@ -57,17 +56,36 @@ def _finish_rows(acc, sumsq_r, sumsq_x, t, tmask, x_ptr, nw_ptr, base_ptr, scale
     tl.store(post_out + tc, post, mask=tmask[:, None])
     tcc = t[:, None, None] * (C * C) + a[None, :, None] * C + a[None, None, :]
     tl.store(comb_out + tcc, comb, mask=tmask[:, None, None])
+
+
+@triton.jit
+def _normalise_rows(sumsq_x, t, tmask, x_ptr, nw_ptr, E: tl.constexpr, RMS_EPS: tl.constexpr,
+                    BLOCK_E: tl.constexpr):
+    """x <- RMSNorm(x) * w over whole rows this program wrote itself (tiles of BLOCK_T rows)."""
     rstd_x = tl.rsqrt(sumsq_x / E + RMS_EPS)
     for e0 in range(0, E, BLOCK_E):
         e = e0 + tl.arange(0, BLOCK_E)
         m2 = tmask[:, None] & (e < E)[None, :]
         ptrs = x_ptr + t[:, None] * E + e[None, :]
-        if FRESH_LOADS:  # rows written by other programs: read through L2, not a stale L1
-            x = tl.load(ptrs, mask=m2, other=0.0, cache_modifier=".cg").to(tl.float32)
-        else:
-            x = tl.load(ptrs, mask=m2, other=0.0).to(tl.float32)
+        x = tl.load(ptrs, mask=m2, other=0.0).to(tl.float32)
         w = tl.load(nw_ptr + e, mask=e < E, other=0.0).to(tl.float32)
         tl.store(ptrs, (x * rstd_x[:, None] * w[None, :]).to(x_ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def _normalise_rows_flat(rstd_ptr, t0, n_rows, x_ptr, nw_ptr, E: tl.constexpr, FLAT: tl.constexpr):
+    """The same over rows other programs wrote (split path), as one flat run of n_rows * E
+    elements so one token is a few wide steps; rstd per row comes from memory (rstd_ptr[2 * row])
+    and x through L2 (.cg), never a stale L1 line."""
+    for i0 in range(0, n_rows * E, FLAT):
+        i = i0 + tl.arange(0, FLAT)
+        ok = i < n_rows * E
+        row = t0 + i // E
+        e = i % E
+        r = tl.load(rstd_ptr + row * 2, mask=ok, other=0.0, cache_modifier=".cg")
+        x = tl.load(x_ptr + row * E + e, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+        w = tl.load(nw_ptr + e, mask=ok, other=0.0).to(tl.float32)
+        tl.store(x_ptr + row * E + e, (x * r * w).to(x_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -84,11 +102,7 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
     t64 = t.to(tl.int64)
-    a = tl.arange(0, C)
-    post = tl.load(post_ptr + t64[:, None] * C + a[None, :], mask=tmask[:, None], other=0.0).to(tl.float32)
-    pre = tl.load(pre_ptr + t64[:, None] * C + a[None, :], mask=tmask[:, None], other=0.0).to(tl.float32)
     m = tl.arange(0, MP)
-    r = tl.arange(0, C * BLOCK_E)  # flattened (stream, channel) index of a chunk
     acc = tl.zeros([BLOCK_T, MP], dtype=tl.float32)
     sumsq_r = tl.zeros([BLOCK_T], dtype=tl.float32)
     sumsq_x = tl.zeros([BLOCK_T], dtype=tl.float32)
@@ -99,30 +113,32 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
         emask = e < e_hi
         m2 = tmask[:, None] & emask[None, :]
         y = tl.load(y_ptr + t64[:, None] * E + e[None, :], mask=m2, other=0.0).to(tl.float32)
-        new = post[:, :, None] * y[:, None, :]  # [BT, C, BE]
-        for j in tl.static_range(C):
-            rj = tl.load(streams_ptr + (t64[:, None] * C + j) * E + e[None, :], mask=m2, other=0.0)
-            cj = tl.load(comb_ptr + t64[:, None] * (C * C) + j * C + a[None, :], mask=tmask[:, None],
-                         other=0.0).to(tl.float32)  # comb[t, j, k]: applied transposed
-            new += cj[:, :, None] * rj.to(tl.float32)[:, None, :]
-        new = new.to(new_ptr.dtype.element_ty)
-        m3 = tmask[:, None, None] & emask[None, None, :]
-        tl.store(new_ptr + (t64[:, None, None] * C + a[None, :, None]) * E + e[None, None, :], new, mask=m3)
-        newf = new.to(tl.float32)
-        sumsq_r += tl.sum(tl.sum(newf * newf, axis=2), axis=1)
-        x = tl.sum(pre[:, :, None] * newf, axis=1).to(x_ptr.dtype.element_ty)
+        x_acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+        # one output stream at a time keeps every tile 2-D; the C input tiles are re-read from L1
+        for k in tl.static_range(C):
+            post_k = tl.load(post_ptr + t64 * C + k, mask=tmask, other=0.0).to(tl.float32)
+            new_k = post_k[:, None] * y
+            for j in tl.static_range(C):
+                rj = tl.load(streams_ptr + (t64[:, None] * C + j) * E + e[None, :], mask=m2, other=0.0)
+                c_jk = tl.load(comb_ptr + t64 * (C * C) + j * C + k, mask=tmask, other=0.0).to(tl.float32)
+                new_k += c_jk[:, None] * rj.to(tl.float32)  # comb applied transposed
+            new_k = new_k.to(new_ptr.dtype.element_ty)  # rounded once, as the reference
+            tl.store(new_ptr + (t64[:, None] * C + k) * E + e[None, :], new_k, mask=m2)
+            nf = new_k.to(tl.float32)
+            sumsq_r += tl.sum(nf * nf, axis=1)
+            pre_k = tl.load(pre_ptr + t64 * C + k, mask=tmask, other=0.0).to(tl.float32)
+            x_acc += pre_k[:, None] * nf
+            # fn[m, k*E + e] as a [BLOCK_E, MP] tile of fn^T
+            fn_t = tl.load(fn_ptr + m[None, :] * (C * E) + k * E + e[:, None],
+                           mask=(m < M)[None, :] & emask[:, None], other=0.0).to(tl.float32)
+            if IEEE:
+                acc += tl.dot(nf, fn_t, input_precision="ieee")
+            else:
+                acc += tl.dot(nf, fn_t, input_precision="tf32")
+        x = x_acc.to(x_ptr.dtype.element_ty)
         tl.store(x_ptr + t64[:, None] * E + e[None, :], x, mask=m2)
         xf = x.to(tl.float32)
         sumsq_x += tl.sum(xf * xf, axis=1)
-        # fn[m, k*E + e]: the chunk's rows of fn^T, ordered like reshape(new) = k*BLOCK_E + i
-        col = (r // BLOCK_E) * E + e0 + r % BLOCK_E
-        fn_t = tl.load(fn_ptr + m[None, :] * (C * E) + col[:, None],
-                       mask=(m < M)[None, :] & (e0 + r % BLOCK_E < e_hi)[:, None], other=0.0)
-        flat = tl.reshape(newf, (BLOCK_T, C * BLOCK_E))
-        if IEEE:
-            acc += tl.dot(flat, fn_t.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(flat, fn_t.to(tl.float32), input_precision="tf32")
     if SPLIT:
         mm = tmask[:, None] & (m < M)[None, :]
         tl.atomic_add(ws_acc + t64[:, None] * MP + m[None, :], acc, mask=mm)
@@ -135,15 +151,21 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
             sumsq_r = tl.load(ws_sq + t64 * 2, mask=tmask, other=0.0, cache_modifier=".cg")
             sumsq_x = tl.load(ws_sq + t64 * 2 + 1, mask=tmask, other=0.0, cache_modifier=".cg")
             tl.store(ws_acc + t64[:, None] * MP + m[None, :], tl.zeros_like(acc), mask=mm)
-            tl.store(ws_sq + t64 * 2, tl.zeros_like(sumsq_r), mask=tmask)
+            tl.store(ws_sq + t64 * 2, tl.rsqrt(sumsq_x / E + RMS_EPS), mask=tmask)  # rstd for the flat pass
             tl.store(ws_sq + t64 * 2 + 1, tl.zeros_like(sumsq_x), mask=tmask)
             tl.store(counter + pid_t, 0)
-            _finish_rows(acc, sumsq_r, sumsq_x, t64, tmask, x_ptr, nw_ptr, base_ptr, scale_ptr,
-                         pre_out, post_out, comb_out, E, ITERS, HC_EPS, RMS_EPS, C, M, MP, BLOCK_E, True)
+            _next_coefficients(acc, sumsq_r, t64, tmask, base_ptr, scale_ptr, pre_out, post_out, comb_out,
+                               E, ITERS, HC_EPS, RMS_EPS, C, M, MP)
+            tl.debug_barrier()  # the rstd values are written before any thread reads them back
+            t0 = pid_t.to(tl.int64) * BLOCK_T
+            _normalise_rows_flat(ws_sq, t0, tl.minimum(BLOCK_T, T - t0), x_ptr, nw_ptr, E, 2048)
+            tl.debug_barrier()
+            tl.store(ws_sq + t64 * 2, tl.zeros_like(sumsq_x), mask=tmask)  # cleared for the next launch
     else:
         tl.debug_barrier()  # this program's unnormalised x rows are written before it rereads them
-        _finish_rows(acc, sumsq_r, sumsq_x, t64, tmask, x_ptr, nw_ptr, base_ptr, scale_ptr,
-                     pre_out, post_out, comb_out, E, ITERS, HC_EPS, RMS_EPS, C, M, MP, BLOCK_E, False)
+        _next_coefficients(acc, sumsq_r, t64, tmask, base_ptr, scale_ptr, pre_out, post_out, comb_out,
+                           E, ITERS, HC_EPS, RMS_EPS, C, M, MP)
+        _normalise_rows(sumsq_x, t64, tmask, x_ptr, nw_ptr, E, RMS_EPS, BLOCK_E)
 
 
 def _check(streams, y, post, comb, pre, fn, base, scale, norm_weight, iters):
@@ -167,9 +189,11 @@ class MhcBoundaryLauncher:
     """Holds the self-clearing workspace of the split (few-token) path, so each call is exactly
     one kernel launch. One instance per device/stream; calls on it must not overlap."""
 
-    def __init__(self, sm_count: int | None = None):
+    def __init__(self, sm_count: int | None = None, overrides: dict | None = None):
+        """overrides: launch parameters replacing launch_config's (benchmark sweeps)."""
         self._ws: dict = {}
         self._sm_count = sm_count
+        self._overrides = dict(overrides or {})
 
     def _sms(self, device: torch.device) -> int:
         if self._sm_count is None:
@@ -201,7 +225,7 @@ class MhcBoundaryLauncher:
         comb = torch.empty(b, s, c, c, dtype=torch.float32, device=dev)
         if tokens == 0:
             return new, x, pre, post, comb
-        cfg = launch_config(tokens, c, e, streams_BSCE.dtype)
+        cfg = launch_config(tokens, c, e, streams_BSCE.dtype) | self._overrides
         block_e, block_t = cfg["BLOCK_E"], cfg["BLOCK_T"]
         t_blocks = triton.cdiv(tokens, block_t)
         if n_split is None:  # split channels only until the grid covers the GPU twice
