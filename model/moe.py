@@ -83,7 +83,10 @@ class MoE(nn.Module):
         x = x_BSE.flatten(0, -2)
         idx, w = self.gate(x)
         out = torch.zeros_like(x, dtype=torch.float32)
-        if torch.compiler.is_compiling():
+        # the per-expert loop sizes its batches on the host (nonzero): neither export nor a CUDA
+        # graph capture can take that, so both use the dense dispatch (same maths)
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        if torch.compiler.is_compiling() or capturing:
             return cast(self._add_shared(x, self._dense_dispatch(x, idx, w)), x_BSE.dtype).view_as(x_BSE)
         for e, expert in enumerate(self.experts):
             tok, slot = torch.nonzero(idx == e, as_tuple=True)

@@ -4,7 +4,8 @@
   TorchEngine  the reference model's graph function (GraphModule), CPU or GPU; on the GPU
                optionally with the Triton kernels (ops="triton") and the decode step replayed
                as a CUDA graph (cuda_graph=True)
-  OrtEngine    a bundle's ONNX graph on ONNX Runtime (portable or plugin flavor)
+  OrtEngine    a bundle's ONNX graph on ONNX Runtime (portable or plugin flavor); with the
+               CUDA provider, IOBinding keeps inputs, outputs and the cache on the GPU
 Every engine checks its I/O against the contract (and, for bundles, the manifest) on load.
 """
 
@@ -17,7 +18,7 @@ import torch
 
 from dsflash.export.contract import GRAPHS, graph_inputs, graph_outputs
 
-BACKENDS = ("torch", "torch-triton", "ort", "ort-plugin")
+BACKENDS = ("torch", "torch-triton", "ort", "ort-plugin", "ort-cuda")
 
 
 class Engine(Protocol):
@@ -68,19 +69,53 @@ class TorchEngine:
 
 
 class OrtEngine:
+    """A bundle graph on ONNX Runtime. With the CUDA provider (onnxruntime-gpu), inputs and outputs
+    stay on the GPU: IOBinding hands ONNX Runtime the torch tensors' device pointers, and outputs
+    are preallocated torch tensors of the contract's shapes, so a device-resident cache is never
+    copied to the host."""
+
     def __init__(self, bundle, graph: str, flavor: str = "portable", providers: list[str] | None = None):
         from dsflash.export.ort_session import ort_session
 
-        self.graph, self.flavor = graph, flavor
+        self.graph, self.flavor, self.cfg = graph, flavor, bundle.config
         self.session = ort_session(bundle, graph, flavor, providers)  # checks I/O vs the manifest
-        self.input_names = [t.name for t in graph_inputs(bundle.config, graph)]
-        self.output_names = [t.name for t in graph_outputs(bundle.config, graph)]
+        self.inputs = graph_inputs(bundle.config, graph)
+        self.outputs = graph_outputs(bundle.config, graph)
+        self.input_names = [t.name for t in self.inputs]
+        self.output_names = [t.name for t in self.outputs]
+        self.on_cuda = "CUDAExecutionProvider" in self.session.get_providers()
+        if providers and "CUDAExecutionProvider" in providers and not self.on_cuda:
+            raise RuntimeError(f"{graph}: ONNX Runtime did not enable the CUDA provider (installed: "
+                               f"{self.session.get_providers()}); is onnxruntime-gpu installed?")
 
     def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         _check_feeds(self, inputs)
+        if self.on_cuda:
+            return self._run_bound(inputs)
         feeds = {n: inputs[n].detach().cpu().numpy() for n in self.input_names}
         outs = self.session.run(self.output_names, feeds)
         return {n: torch.from_numpy(np.asarray(v)) for n, v in zip(self.output_names, outs)}
+
+    def _run_bound(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        device = torch.device("cuda", torch.cuda.current_device())
+        binding = self.session.io_binding()
+        feeds = {n: inputs[n].detach().to(device).contiguous() for n in self.input_names}
+        for n, t in feeds.items():
+            binding.bind_input(n, "cuda", device.index, _NUMPY_DTYPE[t.dtype], tuple(t.shape), t.data_ptr())
+        ids = feeds["ids"]
+        outs = {}
+        for spec in self.outputs:  # output shapes depend on B and S only (see the contract)
+            shape = spec.resolve(self.cfg, ids.shape[0], 0, ids.shape[1])
+            t = torch.empty(shape, dtype=spec.torch_dtype(torch.float32), device=device)
+            binding.bind_output(spec.name, "cuda", device.index, _NUMPY_DTYPE[t.dtype], shape, t.data_ptr())
+            outs[spec.name] = t
+        torch.cuda.current_stream().synchronize()  # ONNX Runtime runs on its own stream
+        self.session.run_with_iobinding(binding)
+        return outs
+
+
+_NUMPY_DTYPE = {torch.float32: np.float32, torch.int64: np.int64, torch.bool: np.bool_,
+                torch.float16: np.float16}
 
 
 def make_engines(backend: str, bundle=None, model=None) -> dict[str, Engine]:
@@ -94,9 +129,10 @@ def make_engines(backend: str, bundle=None, model=None) -> dict[str, Engine]:
         on_gpu = next(model.parameters()).is_cuda
         return {g: TorchEngine(model, g, ops="triton", cuda_graph=on_gpu and g == "decoder_step")
                 for g in GRAPHS}
-    if backend in ("ort", "ort-plugin"):
+    if backend in ("ort", "ort-plugin", "ort-cuda"):
         if bundle is None:
             raise ValueError(f"the {backend} backend needs a bundle")
         flavor = "plugin" if backend == "ort-plugin" else "portable"
-        return {g: OrtEngine(bundle, g, flavor) for g in GRAPHS}
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if backend == "ort-cuda" else None
+        return {g: OrtEngine(bundle, g, flavor, providers) for g in GRAPHS}
     raise ValueError(f"unknown backend {backend!r}; backends: {BACKENDS}")

@@ -11,7 +11,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/.gpu_site:${PYTHONPATH:-}"
 # the package by path (the GPU image has no network for pip install -e); see scripts/gpu_site.sh
 bash scripts/gpu_site.sh .gpu_site
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
-python3 -P -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_kernels_gpu.py -rs 2>&1 | tee "$OUT/tests.log"
+python3 -P -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_kernels_gpu.py tests/test_ort_cuda.py -rs 2>&1 | tee "$OUT/tests.log"
 tests=${PIPESTATUS[0]}
 python3 scripts/aot_kernels.py --config flash --dtype bf16 --out "$OUT/kernels_flash" 2>&1 | tail -7 | tee "$OUT/aot.log"
 python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\]" | tail -36

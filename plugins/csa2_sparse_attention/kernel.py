@@ -199,8 +199,9 @@ def csa2_sparse_attention(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_BSK: t
 
 
 def launch_config(heads: int, dim: int, dtype: torch.dtype) -> dict:
-    """Block sizes and warps, shared by the JIT launch and the AOT compile (trt.py)."""
+    """Block sizes and warps, shared by the JIT launch and the AOT compile (trt.py). For head_dim
+    512 the H200 sweep (docs/benchmarks.md) put 16 heads x 32 keys x 4 warps first at decode."""
     block_d = next_pow2(dim, 16)
     wide = block_d >= 256
     return dict(BLOCK_H=16 if wide else min(next_pow2(heads, 16), 64), BLOCK_K=32 if wide else 64,
-                BLOCK_D=block_d, IEEE=dtype == torch.float32, num_warps=8 if wide else 4)
+                BLOCK_D=block_d, IEEE=dtype == torch.float32, num_warps=4)

@@ -244,8 +244,9 @@ class MhcBoundaryLauncher:
 
 def launch_config(tokens: int, hc: int, hidden: int, dtype: torch.dtype) -> dict:
     """Block sizes and warps, shared by the JIT launch and the AOT compile (trt.py)."""
-    return dict(BLOCK_T=16 if tokens <= 64 else 32, BLOCK_E=min(64, next_pow2(hidden, 16)),
-                MP=next_pow2((2 + hc) * hc, 16), IEEE=dtype == torch.float32, num_warps=8)
+    # from the H200 sweep (docs/benchmarks.md): narrow channel chunks, 4 warps, at both sizes
+    return dict(BLOCK_T=16 if tokens <= 64 else 32, BLOCK_E=min(32, next_pow2(hidden, 16)),
+                MP=next_pow2((2 + hc) * hc, 16), IEEE=dtype == torch.float32, num_warps=4)
 
 
 def mhc_boundary(streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next, base_next, scale_next,

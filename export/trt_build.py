@@ -1,0 +1,117 @@
+"""TensorRT plans from a bundle's plugin-flavor graphs (PIPELINE.md §6).
+
+`preflight` lists the custom nodes of a graph and checks each against the plugin registry
+(op, namespace, version, attributes) before anything is parsed, naming what is missing; it needs
+no TensorRT. `optimization_profiles` derives min/opt/max shapes from the contract. `build_plan`
+needs the full TensorRT builder (not installable on the project's machines): it imports the
+plugin registrations, builds a strongly typed network with the profiles and a timing cache, and
+writes `plans/<graph>.plan` plus the sidecar `plans/plans.json` that TrtEngine checks on load.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from dsflash.export.bundle import Bundle, BundleError, sha256_file
+from dsflash.export.contract import graph_inputs
+from dsflash.plugins.declaration import DOMAIN
+
+LOG = logging.getLogger(__name__)
+PLAN_DIR = "plans"
+SIDECAR = "plans.json"
+
+
+def preflight(proto) -> list[str]:
+    """The custom node types of a graph; raises BundleError naming any node the registry lacks
+    or whose namespace, version or attributes differ from the declaration."""
+    from dsflash.plugins.registry import DECLS
+
+    decls = {d.name: d for d in DECLS}
+    seen = []
+    for node in proto.graph.node:
+        if node.domain in ("", "ai.onnx"):
+            continue
+        if node.domain != DOMAIN:
+            raise BundleError(f"node {node.name} ({node.op_type}) is in domain {node.domain!r}; "
+                              f"TensorRT gets plugins from {DOMAIN!r} only")
+        decl = decls.get(node.op_type)
+        if decl is None:
+            raise BundleError(f"node {node.name}: no plugin registered for {DOMAIN}::{node.op_type}; "
+                              f"registered: {sorted(decls)}")
+        attrs = {a.name: a for a in node.attribute}
+        ns = attrs.get("plugin_namespace")
+        version = attrs.get("plugin_version")
+        if ns is None or ns.s.decode() != DOMAIN or version is None or version.s.decode() != decl.version:
+            raise BundleError(f"node {node.name} ({node.op_type}): plugin_namespace/plugin_version must be "
+                              f"{DOMAIN!r}/{decl.version!r}")
+        missing = [a.name for a in decl.attrs if a.name not in attrs]
+        if missing:
+            raise BundleError(f"node {node.name} ({node.op_type}) lacks attributes {missing}")
+        if node.op_type not in seen:
+            seen.append(node.op_type)
+    return seen
+
+
+def optimization_profiles(bundle: Bundle, graph: str, max_batch: int, capacity: int,
+                          max_rows: int) -> dict[str, tuple[tuple, tuple, tuple]]:
+    """input -> (min, opt, max) shapes: rows 1 .. max_rows (prefill chunk or decode step), batch
+    1 .. max_batch, compressed entries from the capacity; opt at the decode-typical point."""
+    cfg = bundle.config
+    if max_rows < 1 or max_batch < 1 or capacity < max_rows:
+        raise ValueError(f"profile needs max_batch >= 1, max_rows >= 1 and capacity >= max_rows; got "
+                         f"{max_batch}, {max_rows}, {capacity}")
+    opt_rows = 1 if graph == "decoder_step" else max_rows
+    return {t.name: (t.resolve(cfg, 1, capacity, 1), t.resolve(cfg, max_batch, capacity, opt_rows),
+                     t.resolve(cfg, max_batch, capacity, max_rows)) for t in graph_inputs(cfg, graph)}
+
+
+def build_plan(bundle: Bundle, graph: str, profiles: dict, timing_cache: Path | None = None) -> Path:
+    """Build and write plans/<graph>.plan (needs the full `tensorrt` package and a GPU)."""
+    import onnx
+    import tensorrt as trt
+
+    from dsflash.plugins.trt_register import register_trt_plugins
+
+    path = bundle.graph_path(graph, "plugin")
+    preflight(onnx.load(str(path), load_external_data=False))
+    register_trt_plugins()
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise BundleError(f"TensorRT could not parse {path.name}: {errors}")
+    config = builder.create_builder_config()
+    profile = builder.create_optimization_profile()
+    for name, (lo, opt, hi) in profiles.items():
+        profile.set_shape(name, lo, opt, hi)
+    config.add_optimization_profile(profile)
+    cache_bytes = timing_cache.read_bytes() if timing_cache and timing_cache.is_file() else b""
+    cache = config.create_timing_cache(cache_bytes)
+    config.set_timing_cache(cache, ignore_mismatch=False)
+    LOG.info("building %s (%d layers)", graph, network.num_layers)
+    plan = builder.build_serialized_network(network, config)
+    if plan is None:
+        raise BundleError(f"TensorRT failed to build {graph}; see the log above")
+    if timing_cache:
+        timing_cache.write_bytes(memoryview(config.get_timing_cache().serialize()))
+    out = bundle.path / PLAN_DIR / f"{graph}.plan"
+    out.parent.mkdir(exist_ok=True)
+    out.write_bytes(memoryview(plan))
+    write_sidecar(bundle, graph, out, profiles, trt.__version__)
+    return out
+
+
+def write_sidecar(bundle: Bundle, graph: str, plan: Path, profiles: dict, trt_version: str) -> None:
+    """What TrtEngine checks: the ONNX the plan came from, the plan's hash, profiles, versions."""
+    side = bundle.path / PLAN_DIR / SIDECAR
+    data = json.loads(side.read_text()) if side.is_file() else {}
+    data[graph] = {"plan": plan.name, "plan_sha256": sha256_file(plan),
+                   "onnx": bundle.graph_path(graph, "plugin").name,
+                   "onnx_sha256": sha256_file(bundle.graph_path(graph, "plugin")),
+                   "profiles": {k: [list(s) for s in v] for k, v in profiles.items()},
+                   "tensorrt": trt_version}
+    side.write_text(json.dumps(data, indent=1, sort_keys=True))
