@@ -84,7 +84,8 @@ class OrtEngine:
         self.input_names = [t.name for t in self.inputs]
         self.output_names = [t.name for t in self.outputs]
         self.on_cuda = "CUDAExecutionProvider" in self.session.get_providers()
-        if providers and "CUDAExecutionProvider" in providers and not self.on_cuda:
+        wanted = [p[0] if isinstance(p, tuple) else p for p in providers or []]
+        if "CUDAExecutionProvider" in wanted and not self.on_cuda:
             raise RuntimeError(f"{graph}: ONNX Runtime did not enable the CUDA provider (installed: "
                                f"{self.session.get_providers()}); is onnxruntime-gpu installed?")
 
@@ -133,6 +134,9 @@ def make_engines(backend: str, bundle=None, model=None) -> dict[str, Engine]:
         if bundle is None:
             raise ValueError(f"the {backend} backend needs a bundle")
         flavor = "plugin" if backend == "ort-plugin" else "portable"
-        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if backend == "ort-cuda" else None
+        # use_tf32=0: the CUDA provider's fp32 MatMuls default to TF32 (10-bit mantissa), which is
+        # not the fp32 graph the bundle declares and changes greedy tokens of the reference
+        providers = ([("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+                     if backend == "ort-cuda" else None)
         return {g: OrtEngine(bundle, g, flavor, providers) for g in GRAPHS}
     raise ValueError(f"unknown backend {backend!r}; backends: {BACKENDS}")

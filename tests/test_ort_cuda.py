@@ -39,6 +39,16 @@ def test_ort_cuda_iobinding_gives_reference_tokens(gen):
     expected = [generate(model, [p], 8)[0] for p in prompts]
     engines = make_engines("ort-cuda", bundle=bundle)
     assert all(e.on_cuda for e in engines.values())
+    # one step first: the same logits as the CPU reference within the graph tolerance
+    from dsflash.model.cache import ModelCache
+    from dsflash.runtime.engine import TorchEngine
+    from tolerances import MODEL, assert_close
+
+    cache = ModelCache.allocate(cfg, 1, 64)
+    feeds = {"ids": torch.tensor([prompts[0][:5]]), **cache.gather(cache.slot_index([0]))}
+    ref = TorchEngine(model, "decoder_step").run(feeds)["logits"]
+    got = engines["decoder_step"].run({k: v.cuda() for k, v in feeds.items()})["logits"]
+    assert_close(got.cpu(), ref, MODEL, "ort-cuda logits")
     manager = CacheManager(cfg, 2, 64, device="cuda")
     g = Generator(engines, manager)
     ids = [g.add(p, GenerationParams(max_new_tokens=8)) for p in prompts]  # the third one queues
