@@ -1,6 +1,8 @@
 """The embeddable facade:
 
-    rt = Runtime.from_bundle("engines/tiny", backend="ort")        # or "torch", "ort-plugin"
+    rt = Runtime.from_bundle("engines/tiny", backend="ort")
+    # backends: torch, torch-triton (kernels; CUDA graphs on a GPU), ort, ort-plugin,
+    # ort-cuda (onnxruntime-gpu, IOBinding), trt (plans built by scripts/build_engines.py)
     texts = rt.generate(["hello"], GenerationParams(max_new_tokens=16))
     for event in rt.stream("hello", GenerationParams()): ...
 """
@@ -9,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Iterator
+
+import torch
 
 from dsflash.export.bundle import Bundle
 from dsflash.runtime.cache_manager import CacheManager
@@ -30,13 +34,16 @@ class Runtime:
             raise ValueError(f"unknown backend {backend!r}; backends: {BACKENDS}")
         bundle = Bundle.open(path)
         model = None
-        if backend == "torch":
+        # GPU backends keep the cache on the GPU (IOBinding / plan addresses / CUDA graphs)
+        device = "cuda" if backend in ("ort-cuda", "trt") or (backend == "torch-triton" and
+                                                               torch.cuda.is_available()) else "cpu"
+        if backend in ("torch", "torch-triton"):
             from dsflash.runtime.weights import model_from_bundle
 
-            model = model_from_bundle(bundle)
+            model = model_from_bundle(bundle).to(device)
         engines = make_engines(backend, bundle=bundle, model=model)
         tok = HFTokenizer(tokenizer) if tokenizer else ByteTokenizer(bundle.config.vocab_size)
-        cache = CacheManager(bundle.config, slots, capacity)
+        cache = CacheManager(bundle.config, slots, capacity, device=device)
         return cls(Generator(engines, cache, tok), backend)
 
     def _encode(self, prompt) -> list[int]:

@@ -6,6 +6,7 @@
                as a CUDA graph (cuda_graph=True)
   OrtEngine    a bundle's ONNX graph on ONNX Runtime (portable or plugin flavor); with the
                CUDA provider, IOBinding keeps inputs, outputs and the cache on the GPU
+  TrtEngine    a bundle's TensorRT plan (runtime/trt_engine.py)
 Every engine checks its I/O against the contract (and, for bundles, the manifest) on load.
 """
 
@@ -18,7 +19,7 @@ import torch
 
 from dsflash.export.contract import GRAPHS, graph_inputs, graph_outputs
 
-BACKENDS = ("torch", "torch-triton", "ort", "ort-plugin", "ort-cuda")
+BACKENDS = ("torch", "torch-triton", "ort", "ort-plugin", "ort-cuda", "trt")
 
 
 class Engine(Protocol):
@@ -139,4 +140,10 @@ def make_engines(backend: str, bundle=None, model=None) -> dict[str, Engine]:
         providers = ([("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
                      if backend == "ort-cuda" else None)
         return {g: OrtEngine(bundle, g, flavor, providers) for g in GRAPHS}
+    if backend == "trt":
+        if bundle is None:
+            raise ValueError("the trt backend needs a bundle with plans")
+        from dsflash.runtime.trt_engine import TrtEngine
+
+        return {g: TrtEngine(bundle, g) for g in GRAPHS}
     raise ValueError(f"unknown backend {backend!r}; backends: {BACKENDS}")

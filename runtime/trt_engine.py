@@ -52,8 +52,8 @@ def checked_plan(bundle: Bundle, graph: str):
 
 class TrtEngine:
     def __init__(self, bundle: Bundle, graph: str, device: int = 0):
+        plan = checked_plan(bundle, graph)  # before TensorRT: a missing or stale plan is the usual error
         trt = import_tensorrt()
-        plan = checked_plan(bundle, graph)
         self.graph, self.cfg, self.device = graph, bundle.config, torch.device("cuda", device)
         self.input_names = [t.name for t in graph_inputs(bundle.config, graph)]
         self.output_names = [t.name for t in graph_outputs(bundle.config, graph)]

@@ -50,7 +50,7 @@ def ceilings(quick: bool) -> dict:
     src = torch.randn(n // 2, device="cuda", dtype=BF16)
     dst = torch.empty_like(src)
     copy_ms = time_ms(lambda: dst.copy_(src))
-    del src, dst
+
     rows = 8 << 20
     table = torch.randn(rows, ENGRAM_DIM, device="cuda", dtype=BF16)
     idx = torch.randint(0, rows, (8192 * ENGRAM_LOOK * ENGRAM_HEADS,), device="cuda")

@@ -20,7 +20,7 @@ from dsflash.runtime.request import GenerationParams
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bundle", required=True)
-    ap.add_argument("--backend", default="ort", choices=["ort", "ort-plugin", "torch", "trt"])
+    ap.add_argument("--backend", default="ort", choices=["ort", "ort-plugin", "ort-cuda", "torch", "torch-triton", "trt"])
     ap.add_argument("--prompt", action="append", default=[])
     ap.add_argument("--prompts-file")
     ap.add_argument("--tokenizer", help="tokenizer.json (default: byte-level)")
@@ -35,9 +35,6 @@ def main() -> int:
     ap.add_argument("--prefill", default="replay", choices=["replay", "exact"])
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if args.backend == "trt":
-        print("the TensorRT backend is not available yet (no TensorRT plans are built)", file=sys.stderr)
-        return 2
     prompts = list(args.prompt)
     if args.prompts_file:
         with open(args.prompts_file) as f:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_checks import assert_kernel_matches
 
 from dsflash.plugins.launch import interpreting
-from kernel_checks import assert_kernel_matches
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
 
@@ -129,10 +129,10 @@ def test_mhc_boundary_kernel_rejects_bad_input(gen):
 
 def test_tiny_model_runs_on_the_kernels(tiny_cfg, gen):
     """The whole reference model with OpSet('triton'): same logits as the reference ops."""
+    from dsflash.model.model import DSFlashModel
+
     from conftest import random_ids
     from tolerances import MODEL, assert_close
-
-    from dsflash.model.model import DSFlashModel
 
     model = DSFlashModel(tiny_cfg).init_weights(seed=1234).eval().to(DEVICE)
     ids = random_ids(gen, 1, 13, tiny_cfg.vocab_size).to(DEVICE)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from kernel_checks import assert_kernel_matches
 
 pytestmark = [pytest.mark.gpu,
@@ -132,12 +131,13 @@ def test_mhc_boundary_is_one_launch(gen):
 def test_cuda_graph_decode_with_kernels_gives_reference_tokens(tiny_cfg, gen):
     """Greedy generation through the runtime: reference ops eagerly vs Triton kernels with the
     decode step replayed as a CUDA graph, ragged batch of two prompts."""
-    from conftest import random_ids
     from dsflash.model.model import DSFlashModel
     from dsflash.runtime.cache_manager import CacheManager
     from dsflash.runtime.engine import make_engines
     from dsflash.runtime.generator import Generator
     from dsflash.runtime.request import GenerationParams
+
+    from conftest import random_ids
 
     prompts = [random_ids(gen, 1, n, tiny_cfg.vocab_size)[0].tolist() for n in (13, 5)]
     params = GenerationParams(max_new_tokens=12)
