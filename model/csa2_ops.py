@@ -58,8 +58,14 @@ def select_topk(scores_BSN: torch.Tensor, k: int) -> torch.Tensor:
 def stable_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k along the last axis, best first, ties to the lower index (the release's stable sort,
     and ONNX TopK's rule). ReLU-weighted scores tie exactly (at 0) often, so this matters."""
-    vals, idx = torch.sort(scores, dim=-1, descending=True, stable=True)  # slicing clips k to N
-    return vals[..., :k], idx[..., :k]
+    # Infinities (-inf for invisible entries, +inf for the pinned block) are clamped to the
+    # largest finite values for the sort only: same order, and ONNX Runtime's CUDA TopK mis-ordered
+    # them against finite scores (scripts/compare_providers.py, 2026-12-02). The values come back
+    # from the original scores.
+    big = torch.finfo(scores.dtype).max
+    _, idx = torch.sort(scores.clamp(-big, big), dim=-1, descending=True, stable=True)
+    idx = idx[..., :k]  # slicing clips k to N
+    return scores.gather(-1, idx), idx
 
 
 def candidate_pool(scores_BSN: torch.Tensor, group_BN: torch.Tensor, pos_BS: torch.Tensor,
