@@ -2,7 +2,10 @@
 # Everything the GPU machine checks, in one call (PIPELINE.md §8): the kernel tests for real
 # (tests/test_kernels.py on CUDA, the gpu-marked tests), the AOT compile of every plugin kernel
 # for the flash sizes, and the microbenchmarks (table last; JSON, plot and logs under $OUT).
-#   bash scripts/gpu_check.sh [--quick]
+#   bash scripts/gpu_check.sh [--quick] [--sweep]
+# The ort-cuda tests also run when onnxruntime-gpu is on PYTHONPATH and DSFLASH_TINY_BUNDLE names a
+# portable tiny bundle made on the CPU machine (the GPU machine has no onnxruntime-gpu and no
+# network: carry the wheel in parts with ../shared/tools/carry-wheel.sh, see docs/benchmarks.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
