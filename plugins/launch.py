@@ -46,3 +46,19 @@ def next_pow2(n: int, floor: int = 1) -> int:
 
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class LauncherBase:
+    """What the launchers with a self-clearing workspace share: the GPU's multiprocessor count
+    (to size split grids) and launch-parameter overrides (benchmark sweeps)."""
+
+    def __init__(self, sm_count: int | None = None, overrides: dict | None = None):
+        self._ws: dict = {}
+        self._sm_count = sm_count
+        self._overrides = dict(overrides or {})
+
+    def _sms(self, device: torch.device) -> int:
+        if self._sm_count is None:
+            self._sm_count = (torch.cuda.get_device_properties(device).multi_processor_count
+                              if device.type == "cuda" else 4)
+        return self._sm_count

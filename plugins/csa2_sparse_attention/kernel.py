@@ -17,7 +17,15 @@ import torch
 import triton
 import triton.language as tl
 
-from dsflash.plugins.launch import FLOATS, check_device, check_dtype, check_shape, next_pow2, require
+from dsflash.plugins.launch import (
+    FLOATS,
+    LauncherBase,
+    check_device,
+    check_dtype,
+    check_shape,
+    next_pow2,
+    require,
+)
 
 
 @triton.jit
@@ -134,23 +142,11 @@ def _check(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H):
                  sink=sink_H)
 
 
-class SparseAttentionLauncher:
+class SparseAttentionLauncher(LauncherBase):
     """Splits the key list of each (query row, head block) over several programs when there are
     too few rows to fill the GPU (decode: 640 keys, 4 head blocks), merging the partial softmaxes
     in the last program of each pair; holds that path's self-clearing workspace, so a call stays
     one launch. One instance per device/stream; calls on it must not overlap."""
-
-    def __init__(self, sm_count: int | None = None, overrides: dict | None = None):
-        """overrides: launch parameters replacing launch_config's (benchmark sweeps)."""
-        self._ws: dict = {}
-        self._sm_count = sm_count
-        self._overrides = dict(overrides or {})
-
-    def _sms(self, device: torch.device) -> int:
-        if self._sm_count is None:
-            self._sm_count = (torch.cuda.get_device_properties(device).multi_processor_count
-                              if device.type == "cuda" else 4)
-        return self._sm_count
 
     def _workspace(self, device, slots: int, pairs: int, block_h: int, block_d: int):
         key = (device, block_h, block_d)

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsflash.plugins.launch import check_device, check_dtype, check_shape, next_pow2, require
+from dsflash.plugins.launch import LauncherBase, check_device, check_dtype, check_shape, next_pow2, require
 
 
 @triton.jit
@@ -185,21 +185,9 @@ def _check(streams, y, post, comb, pre, fn, base, scale, norm_weight, iters):
                  norm_weight=norm_weight)
 
 
-class MhcBoundaryLauncher:
+class MhcBoundaryLauncher(LauncherBase):
     """Holds the self-clearing workspace of the split (few-token) path, so each call is exactly
     one kernel launch. One instance per device/stream; calls on it must not overlap."""
-
-    def __init__(self, sm_count: int | None = None, overrides: dict | None = None):
-        """overrides: launch parameters replacing launch_config's (benchmark sweeps)."""
-        self._ws: dict = {}
-        self._sm_count = sm_count
-        self._overrides = dict(overrides or {})
-
-    def _sms(self, device: torch.device) -> int:
-        if self._sm_count is None:
-            self._sm_count = (torch.cuda.get_device_properties(device).multi_processor_count
-                              if device.type == "cuda" else 4)
-        return self._sm_count
 
     def _workspace(self, device, rows: int, mp: int, blocks: int):
         key = (device, mp)
