@@ -47,7 +47,8 @@ def write_plugin_kernels(kernels: dict[str, tuple], out_dir: Path) -> Path:
         assert isinstance(k, AotKernel)
         (out_dir / f"{name}.ptx").write_text(k.ptx)
         index[name] = {"entry": k.name, "num_warps": k.num_warps, "block_x": k.block_x,
-                       "shared_mem": k.shared_mem, "params": k.params, "declared": k.declared, "global_scratch": k.global_scratch, "launch": cfg, "arch": "sm_90"}
+                       "shared_mem": k.shared_mem, "params": k.params, "declared": k.declared,
+                       "global_scratch": k.global_scratch, "launch": cfg, "arch": "sm_90"}
     path = out_dir / "kernels.json"
     path.write_text(json.dumps(index, indent=1, sort_keys=True))
     return path

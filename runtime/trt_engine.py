@@ -27,7 +27,8 @@ def import_tensorrt():
         try:
             import tensorrt_lean as trt
         except ImportError:
-            raise RuntimeError("TrtEngine needs `tensorrt` or `tensorrt_lean` (pip install tensorrt-lean)") from None
+            raise RuntimeError("TrtEngine needs `tensorrt` or `tensorrt_lean` "
+                               "(pip install tensorrt-lean)") from None
     return trt
 
 

@@ -79,13 +79,13 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
             k = blk * BLOCK_K + kk
             sel = tl.load(idx_ptr + (b * S + s) * K + k, mask=k < K, other=-1)
             valid = (sel >= 0) & (sel < N)
-            kv = tl.load(kv_ptr + (b * N + sel[:, None]) * D + dd[None, :], mask=valid[:, None] & dmask[None, :],
-                         other=0.0)
+            kv = tl.load(kv_ptr + (b * N + sel[:, None]) * D + dd[None, :],
+                         mask=valid[:, None] & dmask[None, :], other=0.0)
         else:
             t = (blk - sel_blocks) * BLOCK_K + kk
             valid = tl.load(wmask_ptr + (b * S + s) * T + t, mask=t < T, other=0) != 0
-            kv = tl.load(win_ptr + (b * T + t[:, None]) * D + dd[None, :], mask=valid[:, None] & dmask[None, :],
-                         other=0.0)
+            kv = tl.load(win_ptr + (b * T + t[:, None]) * D + dd[None, :],
+                         mask=valid[:, None] & dmask[None, :], other=0.0)
         acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, kv, valid, SCALE, IEEE)
     out_ptrs = out_ptr + ((b * S + s) * H + h[:, None]) * D + dd[None, :]
     if SPLIT:
@@ -109,8 +109,8 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
                 base = (pair * n_split + p) * 2 * BLOCK_H
                 w = tl.exp(tl.load(ws_ml + base + hh, cache_modifier=".cg") - m_all)
                 l_all += w * tl.load(ws_ml + base + BLOCK_H + hh, cache_modifier=".cg")
-                part = tl.load(ws_acc + ((pair * n_split + p) * BLOCK_H + hh[:, None]) * BLOCK_D + dd[None, :],
-                               cache_modifier=".cg")
+                rows = (pair * n_split + p) * BLOCK_H + hh[:, None]
+                part = tl.load(ws_acc + rows * BLOCK_D + dd[None, :], cache_modifier=".cg")
                 acc_all += w[:, None] * part
             tl.store(counter + pair, 0)  # cleared for the next launch
             out = acc_all / (l_all + tl.exp(sink - m_all))[:, None]

@@ -56,7 +56,8 @@ def register() -> None:
         launch.shared_mem = compiled.shared_mem
         extra = trtp.SymIntExprs(5)
         # no workspace in an AOT plugin: one split owns every key block
-        k_blocks = cdiv_expr(idx.shape_expr[2], cfg["BLOCK_K"]) + cdiv_expr(win_kv.shape_expr[1], cfg["BLOCK_K"])
+        k_blocks = (cdiv_expr(idx.shape_expr[2], cfg["BLOCK_K"])
+                    + cdiv_expr(win_kv.shape_expr[1], cfg["BLOCK_K"]))
         for i, e in enumerate((q.shape_expr[1], kv.shape_expr[1], win_kv.shape_expr[1], idx.shape_expr[2],
                                k_blocks)):
             extra[i] = trtp.SymInt32(e)

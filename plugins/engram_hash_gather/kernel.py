@@ -4,8 +4,9 @@ table row to the output, in a single pass (no row-id tensor in memory).
 Grid: (B * S tokens, column blocks). Each program re-derives the rolling hash of its token (a
 handful of integer ops on look + 1 ids) and gathers BLOCK_J rows of D elements. The table may be
 a CUDA tensor or a pinned host tensor (read over PCIe through unified addressing, for tables
-larger than HBM). Multipliers, primes and offsets are compile-time constants (one compile
-per Engram layer), so a call copies nothing to the device and can be captured in a CUDA graph. FP8 tables carry one fp32 scale per row and give bf16 rows.
+larger than HBM). Multipliers, primes and offsets are compile-time constants (one compile per
+Engram layer), so a call copies nothing to the device and can be captured in a CUDA graph. FP8
+tables carry one fp32 scale per row and give bf16 rows.
 
 `engram_hash_gather` / `engram_hash_gather_fp8` have the signatures of the references beside
 them (reference.py) and assert the same preconditions.

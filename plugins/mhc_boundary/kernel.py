@@ -37,8 +37,10 @@ def _next_coefficients(acc, sumsq_r, t, tmask, base_ptr, scale_ptr, pre_out, pos
     # pick columns out of the [BLOCK_T, MP] mixes with one-hot selections (C and M are tiny)
     sel_pre = (m[None, :] == a[:, None]).to(tl.float32)
     sel_post = (m[None, :] == (C + a)[:, None]).to(tl.float32)
-    pre = tl.sum(mixes[:, None, :] * sel_pre[None], axis=2) * s_pre + tl.sum(base[None] * sel_pre, 1)[None]
-    post = tl.sum(mixes[:, None, :] * sel_post[None], axis=2) * s_post + tl.sum(base[None] * sel_post, 1)[None]
+    pre = tl.sum(mixes[:, None, :] * sel_pre[None], axis=2) * s_pre
+    pre += tl.sum(base[None] * sel_pre, 1)[None]
+    post = tl.sum(mixes[:, None, :] * sel_post[None], axis=2) * s_post
+    post += tl.sum(base[None] * sel_post, 1)[None]
     pre = tl.sigmoid(pre) + HC_EPS
     post = 2.0 * tl.sigmoid(post)
     col = 2 * C + a[:, None, None] * C + a[None, :, None]
@@ -200,7 +202,8 @@ class MhcBoundaryLauncher(LauncherBase):
         return ws
 
     def __call__(self, streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next, base_next,
-                 scale_next, norm_weight, iters: int, hc_eps: float, rms_eps: float, n_split: int | None = None):
+                 scale_next, norm_weight, iters: int, hc_eps: float, rms_eps: float,
+                 n_split: int | None = None):
         _check(streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next, base_next, scale_next,
                norm_weight, iters)
         b, s, c, e = streams_BSCE.shape
