@@ -188,7 +188,7 @@ class CSA2Attention(nn.Module):
         if self.layer == cfg.candidate_source_layer_id:
             shared.candidates_BSN = ops.candidate_pool(
                 scores, src.group_BN, pos_BS, self.ratio, cfg.candidate_block_size,
-                cfg.candidate_topk_blocks)
-        idx = ops.select_topk(scores, cfg.index_topk)
+                cfg.candidate_topk_blocks, topk=self.ops.stable_topk)
+        idx = ops.select_topk(scores, cfg.index_topk, topk=self.ops.stable_topk)
         shared.topk[self.layer] = idx
         return idx

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from dsflash.plugins.stable_topk.reference import stable_topk
+
 
 def pool_groups(u_BSD: torch.Tensor, z_BSD: torch.Tensor | None, state_u: torch.Tensor,
                 state_z: torch.Tensor, ratio: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -49,27 +51,15 @@ def visible_entries(group_BN: torch.Tensor, pos_BS: torch.Tensor, ratio: int) ->
     return (g >= 0) & (g < limit)
 
 
-def select_topk(scores_BSN: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k best entries, best first; -1 where fewer than k are visible."""
-    vals, idx = stable_topk(scores_BSN, k)
+def select_topk(scores_BSN: torch.Tensor, k: int, topk=stable_topk) -> torch.Tensor:
+    """Indices of the k best entries, best first; -1 where fewer than k are visible. `topk` is
+    the stable top-k in use (the reference, or the model's OpSet's kernel)."""
+    vals, idx = topk(scores_BSN, k)
     return torch.where(torch.isneginf(vals), torch.full_like(idx, -1), idx)
 
 
-def stable_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k along the last axis, best first, ties to the lower index (the release's stable sort,
-    and ONNX TopK's rule). ReLU-weighted scores tie exactly (at 0) often, so this matters."""
-    # Infinities (-inf for invisible entries, +inf for the pinned block) are clamped to the
-    # largest finite values for the sort only: same order, and ONNX Runtime's CUDA TopK mis-ordered
-    # them against finite scores (scripts/compare_providers.py, 2026-12-02). The values come back
-    # from the original scores.
-    big = torch.finfo(scores.dtype).max
-    _, idx = torch.sort(scores.clamp(-big, big), dim=-1, descending=True, stable=True)
-    idx = idx[..., :k]  # slicing clips k to N
-    return scores.gather(-1, idx), idx
-
-
 def candidate_pool(scores_BSN: torch.Tensor, group_BN: torch.Tensor, pos_BS: torch.Tensor,
-                   ratio: int, block: int, topk_blocks: int) -> torch.Tensor:
+                   ratio: int, block: int, topk_blocks: int, topk=stable_topk) -> torch.Tensor:
     """Hierarchical sparse indexer: keep the top blocks (of `block` consecutive groups) by their
     max score, always keeping the block of the newest visible entry. Returns a [B, S, N] mask.
 
@@ -86,7 +76,7 @@ def candidate_pool(scores_BSN: torch.Tensor, group_BN: torch.Tensor, pos_BS: tor
     blocks = torch.arange(n_blocks, device=scores_BSN.device)
     pinned = (blocks == (newest // block).unsqueeze(-1)) & (newest >= 0).unsqueeze(-1)
     block_max = block_max.masked_fill(pinned, float("inf"))
-    top_vals, top_blk = stable_topk(block_max, topk_blocks)
+    top_vals, top_blk = topk(block_max, topk_blocks)
     keep = torch.zeros_like(block_max, dtype=torch.bool).scatter(2, top_blk, ~torch.isneginf(top_vals))
     return keep.gather(2, blk)
 

@@ -16,6 +16,7 @@ from dsflash.plugins.csa2_sparse_attention.decl import DECL as SPARSE_ATTENTION
 from dsflash.plugins.declaration import OpDecl
 from dsflash.plugins.engram_hash_gather.decl import DECL as ENGRAM_HASH_GATHER
 from dsflash.plugins.mhc_boundary.decl import DECL as MHC_BOUNDARY
+from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
 DECLS: tuple[OpDecl, ...] = (ENGRAM_HASH_GATHER, INDEX_SCORE, SPARSE_ATTENTION, MHC_BOUNDARY)
 BACKENDS = ("reference", "custom_op", "triton")
@@ -36,9 +37,11 @@ def _triton_kernels() -> dict:
     from dsflash.plugins.csa2_sparse_attention.kernel import SparseAttentionLauncher
     from dsflash.plugins.engram_hash_gather.kernel import engram_hash_gather
     from dsflash.plugins.mhc_boundary.kernel import MhcBoundaryLauncher
+    from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
 
     return {"engram_hash_gather": engram_hash_gather, "csa2_index_score": csa2_index_score,
-            "csa2_sparse_attention": SparseAttentionLauncher(), "mhc_boundary": MhcBoundaryLauncher()}
+            "csa2_sparse_attention": SparseAttentionLauncher(), "mhc_boundary": MhcBoundaryLauncher(),
+            "stable_topk": StableTopkLauncher()}
 
 
 class OpSet:
@@ -79,6 +82,13 @@ class OpSet:
     def csa2_sparse_attention(self, q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale):
         return self._call(SPARSE_ATTENTION, q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H,
                           scale=float(scale))
+
+    def stable_topk(self, scores, k: int):
+        """Not a plugin op: graphs keep the reference's sort (ONNX TopK); the kernel serves the
+        GPU fast path only."""
+        if self._backend == "triton":
+            return self._kernels["stable_topk"](scores, k)
+        return stable_topk_reference(scores, k)
 
     def mhc_boundary(self, streams, y, post, comb, pre, fn, base, scale, norm_weight, iters,
                      hc_eps, rms_eps):

@@ -141,3 +141,21 @@ def test_tiny_model_runs_on_the_kernels(tiny_cfg, gen):
         model.ops.backend = "triton"
         got = model(ids)
     assert_close(got.cpu(), expected.cpu(), MODEL, "tiny logits, triton vs reference ops")
+
+
+@pytest.mark.parametrize("rows,n,k,chunk", [(3, 50, 4, None), (2, 300, 8, 64), (1, 1000, 16, 128), (2, 5, 8, None)])
+def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk):
+    """Same indices and values as the stable sort, bit for bit: ties (ReLU zeros, rounded
+    values) to the lower index, -inf / +inf, k > N, and the split path (several chunks merged by
+    the last program) twice on one launcher (its counters must clear)."""
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
+    from dsflash.plugins.stable_topk import reference as topk_ref
+
+    scores = torch.relu(torch.randn(rows, n, generator=gen)).round(decimals=1)
+    scores[0, ::7] = float("-inf")
+    scores[-1, 3] = float("inf")
+    launcher = topk_kernel.StableTopkLauncher(overrides={"CHUNK": chunk} if chunk else None)
+    want_v, want_i = topk_ref.stable_topk(scores, k)
+    for _ in range(2):
+        got_v, got_i = launcher(*_dev(scores), k)
+        assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
