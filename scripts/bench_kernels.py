@@ -97,7 +97,7 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
     idx = torch.randint(0, n, (1, 1, TOPK), generator=gen).cuda()
     scale = HEAD_DIM ** -0.5
     attn = attn_kernel.SparseAttentionLauncher()  # held: its workspace is reused across calls
-    topk = StableTopkLauncher()
+    topk = StableTopkLauncher()  # the Triton top-k (checked bit-exact by the GPU tests first)
 
     def layer():
         sel = idx

@@ -127,8 +127,10 @@ def test_mhc_boundary_kernel_rejects_bad_input(gen):
         mhc_kernel.mhc_boundary(*_dev(*args), 20, 1e-6, 1e-6)
 
 
-def test_tiny_model_runs_on_the_kernels(tiny_cfg, gen):
-    """The whole reference model with OpSet('triton'): same logits as the reference ops."""
+@pytest.mark.parametrize("topk_kernel", [False, True])
+def test_tiny_model_runs_on_the_kernels(tiny_cfg, gen, topk_kernel):
+    """The whole reference model with OpSet('triton') (and the top-k kernel): same logits as the
+    reference ops."""
     from dsflash.model.model import DSFlashModel
 
     from conftest import random_ids
@@ -139,6 +141,7 @@ def test_tiny_model_runs_on_the_kernels(tiny_cfg, gen):
     with torch.no_grad():
         expected = model(ids)
         model.ops.backend = "triton"
+        model.ops.use_topk_kernel = topk_kernel
         got = model(ids)
     assert_close(got.cpu(), expected.cpu(), MODEL, "tiny logits, triton vs reference ops")
 
