@@ -1,9 +1,12 @@
-"""TensorRT dtype to torch dtype, for the trt.py registrations (imports tensorrt)."""
+"""TensorRT dtype -> torch dtype, for the trt.py registrations and TrtEngine. Takes the imported
+module so the full `tensorrt` and `tensorrt_lean` share one table."""
 
 from __future__ import annotations
 
-import tensorrt as trt
 import torch
 
-TORCH_FROM_TRT = {trt.float32: torch.float32, trt.bfloat16: torch.bfloat16, trt.float16: torch.float16,
-                  trt.int64: torch.int64, trt.int32: torch.int32, trt.bool: torch.bool}
+
+def torch_dtypes(trt) -> dict:
+    t = trt.DataType
+    return {t.FLOAT: torch.float32, t.HALF: torch.float16, t.BF16: torch.bfloat16, t.INT64: torch.int64,
+            t.INT32: torch.int32, t.BOOL: torch.bool}

@@ -39,8 +39,9 @@ def _check_feeds(engine, inputs: dict) -> None:
 class TorchEngine:
     def __init__(self, model, graph: str, ops: str | None = None, cuda_graph: bool = False):
         """ops: switch the model's op backend ("reference", "triton"); note the model's OpSet is
-        shared by both graphs' engines. cuda_graph: capture and replay the step as a CUDA graph
-        (needs a CUDA model)."""
+        shared by both graphs' engines. cuda_graph: capture and replay one-row steps (decode)
+        as CUDA graphs, one per batch size (needs a CUDA model); multi-row calls (prefill
+        chunks of any length) run eagerly, so graphs are not captured per prompt length."""
         from dsflash.export.graphs import GraphModule
 
         if graph not in GRAPHS:
@@ -48,14 +49,14 @@ class TorchEngine:
         if ops is not None:
             model.ops.backend = ops
         self.graph, self.module = graph, GraphModule(model, graph).eval()
-        self._step = self.module
+        self._graphed = None
         if cuda_graph:
             device = next(model.parameters()).device
             if device.type != "cuda":
                 raise ValueError(f"cuda_graph=True needs the model on a CUDA device, not {device}")
             from dsflash.runtime.cuda_graph import GraphedStep
 
-            self._step = GraphedStep(self.module)
+            self._graphed = GraphedStep(self.module)
         self.input_names, self.output_names = self.module.input_names, self.module.output_names
         contract = ([t.name for t in graph_inputs(model.cfg, graph)],
                     [t.name for t in graph_outputs(model.cfg, graph)])
@@ -65,7 +66,9 @@ class TorchEngine:
     @torch.no_grad()
     def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         _check_feeds(self, inputs)
-        outs = self._step(*(inputs[n] for n in self.input_names))
+        one_row = inputs["ids"].shape[1] == 1
+        step = self._graphed if self._graphed is not None and one_row else self.module
+        outs = step(*(inputs[n] for n in self.input_names))
         return dict(zip(self.output_names, outs))
 
 

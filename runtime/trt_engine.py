@@ -17,6 +17,8 @@ import torch
 from dsflash.export.bundle import Bundle, BundleError, sha256_file
 from dsflash.export.contract import graph_inputs, graph_outputs
 from dsflash.export.trt_build import PLAN_DIR, SIDECAR
+from dsflash.plugins.trt_types import torch_dtypes
+from dsflash.runtime.engine import _check_feeds
 
 
 def import_tensorrt():
@@ -74,15 +76,10 @@ class TrtEngine:
         self._context = self._engine.create_execution_context()
 
     def _torch_dtype(self, name: str) -> torch.dtype:
-        t = self._trt.DataType
-        table = {t.FLOAT: torch.float32, t.HALF: torch.float16, t.BF16: torch.bfloat16,
-                 t.INT64: torch.int64, t.INT32: torch.int32, t.BOOL: torch.bool}
-        return table[self._engine.get_tensor_dtype(name)]
+        return torch_dtypes(self._trt)[self._engine.get_tensor_dtype(name)]
 
     def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        missing = [n for n in self.input_names if n not in inputs]
-        if missing:
-            raise ValueError(f"{self.graph} needs inputs {missing}")
+        _check_feeds(self, inputs)
         feeds = {}
         for n in self.input_names:
             t = inputs[n].to(self.device, self._torch_dtype(n)).contiguous()

@@ -150,7 +150,8 @@ def test_cuda_graph_decode_with_kernels_gives_reference_tokens(tiny_cfg, gen):
         done = g.run()
         runs[backend] = [done[i].tokens for i in ids]
         if backend == "torch-triton":
-            assert engines["decoder_step"]._step.captured >= 1
+            # decode steps only: batch 2, then batch 1 after the shorter request finishes
+            assert 1 <= engines["decoder_step"]._graphed.captured <= 2
     assert runs["torch-triton"] == runs["torch"]
 
 

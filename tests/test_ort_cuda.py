@@ -56,13 +56,14 @@ def test_cuda_provider_gives_reference_logits_and_tokens(step_case, gen):
     """Exact fp32 on the CUDA provider (no TF32): one step's logits within the graph tolerance,
     then greedy generation with a GPU-resident cache equals the PyTorch reference run one prompt
     at a time (three prompts on two slots, so one queues)."""
-    from conftest import random_ids
     from dsflash.model.generate import generate
     from dsflash.runtime.cache_manager import CacheManager
     from dsflash.runtime.engine import OrtEngine, make_engines
     from dsflash.runtime.generator import Generator
     from dsflash.runtime.request import GenerationParams
     from dsflash.runtime.weights import model_from_bundle
+
+    from conftest import random_ids
 
     bundle, feeds = step_case
     engines = make_engines("ort-cuda", bundle=bundle)

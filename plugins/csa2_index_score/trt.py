@@ -25,7 +25,7 @@ def register() -> None:
     import tensorrt as trt
     import tensorrt.plugin as trtp
 
-    from dsflash.plugins.trt_types import TORCH_FROM_TRT
+    from dsflash.plugins.trt_types import torch_dtypes
 
     plugin_id = f"{DOMAIN}::{DECL.name}"
 
@@ -42,7 +42,7 @@ def register() -> None:
     def _aot(q: trtp.TensorDesc, w: trtp.TensorDesc, k: trtp.TensorDesc, visible: trtp.TensorDesc,
              outputs, tactic: int):
         heads, dim = (int(q.shape_expr[i].constant_value()) for i in (2, 3))
-        compiled, cfg = aot_kernel(TORCH_FROM_TRT[q.dtype], heads, dim)
+        compiled, cfg = aot_kernel(torch_dtypes(trt)[q.dtype], heads, dim)
         launch = trtp.KernelLaunchParams()
         launch.grid_x = q.shape_expr[0] * q.shape_expr[1]
         launch.grid_y = cdiv_expr(k.shape_expr[1], cfg["BLOCK_N"])

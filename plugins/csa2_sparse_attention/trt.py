@@ -28,9 +28,10 @@ def aot_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float,
 
 
 def register() -> None:
+    import tensorrt as trt
     import tensorrt.plugin as trtp
 
-    from dsflash.plugins.trt_types import TORCH_FROM_TRT
+    from dsflash.plugins.trt_types import torch_dtypes
 
     plugin_id = f"{DOMAIN}::{DECL.name}"
 
@@ -48,7 +49,7 @@ def register() -> None:
     def _aot(q: trtp.TensorDesc, kv: trtp.TensorDesc, idx: trtp.TensorDesc, win_kv: trtp.TensorDesc,
              win_mask: trtp.TensorDesc, sink: trtp.TensorDesc, scale: float, outputs, tactic: int):
         heads, dim = (int(q.shape_expr[i].constant_value()) for i in (2, 3))
-        compiled, cfg = aot_kernel(TORCH_FROM_TRT[q.dtype], heads, dim, scale)
+        compiled, cfg = aot_kernel(torch_dtypes(trt)[q.dtype], heads, dim, scale)
         launch = trtp.KernelLaunchParams()
         launch.grid_x = q.shape_expr[0] * q.shape_expr[1]
         launch.grid_y = cdiv_expr(heads, cfg["BLOCK_H"])

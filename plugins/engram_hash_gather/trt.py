@@ -33,9 +33,10 @@ def aot_kernel(table_dtype: torch.dtype, dim: int, multipliers, primes, offsets,
 def register() -> None:
     """Register with tensorrt.plugin (needs TensorRT >= 10.8 with the Python plugin API)."""
     import numpy as np
+    import tensorrt as trt
     import tensorrt.plugin as trtp
 
-    from dsflash.plugins.trt_types import TORCH_FROM_TRT
+    from dsflash.plugins.trt_types import torch_dtypes
 
     plugin_id = f"{DOMAIN}::{DECL.name}"
 
@@ -54,7 +55,7 @@ def register() -> None:
     def _aot(cids: trtp.TensorDesc, table: trtp.TensorDesc, multipliers: np.ndarray, primes: np.ndarray,
              offsets: np.ndarray, pad_id: int, heads: int, outputs, tactic: int):
         dim = int(table.shape_expr[1].constant_value())
-        compiled, cfg = aot_kernel(TORCH_FROM_TRT[table.dtype], dim, multipliers.tolist(), primes.tolist(),
+        compiled, cfg = aot_kernel(torch_dtypes(trt)[table.dtype], dim, multipliers.tolist(), primes.tolist(),
                                    offsets.tolist(), pad_id, heads)
         look = len(multipliers) - 1
         n_new = cids.shape_expr[1] - look

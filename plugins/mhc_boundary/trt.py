@@ -35,7 +35,7 @@ def register() -> None:
     import tensorrt as trt
     import tensorrt.plugin as trtp
 
-    from dsflash.plugins.trt_types import TORCH_FROM_TRT
+    from dsflash.plugins.trt_types import torch_dtypes
 
     plugin_id = f"{DOMAIN}::{DECL.name}"
 
@@ -53,7 +53,7 @@ def register() -> None:
     def _aot(streams, y, post, comb, pre, fn, base, scale, norm_weight, iters: int, hc_eps: float,
              rms_eps: float, outputs, tactic: int):
         hc, hidden = (int(streams.shape_expr[i].constant_value()) for i in (2, 3))
-        compiled, cfg = aot_kernel(TORCH_FROM_TRT[streams.dtype], 1 << 20, hc, hidden, iters, hc_eps, rms_eps)
+        compiled, cfg = aot_kernel(torch_dtypes(trt)[streams.dtype], 1 << 20, hc, hidden, iters, hc_eps, rms_eps)
         tokens = streams.shape_expr[0] * streams.shape_expr[1]
         launch = trtp.KernelLaunchParams()
         launch.grid_x = cdiv_expr(tokens, cfg["BLOCK_T"])

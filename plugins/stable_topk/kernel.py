@@ -83,6 +83,7 @@ class StableTopkLauncher(LauncherBase):
         big_k = next_pow2(k)
         chunk = self._overrides.get("CHUNK", max(8192, big_k))
         merge_max = self._overrides.get("MERGE", 8192)
+        require(chunk >= big_k, f"{op}: chunk {chunk} is smaller than the padded k {big_k}")
         n_chunks = triton.cdiv(n, chunk)
         if n == 0 or rows == 0:
             return (scores.new_empty(*lead, 0), torch.empty(*lead, 0, dtype=torch.int64, device=scores.device))
