@@ -31,8 +31,9 @@ def decl_by_name(name: str) -> OpDecl:
 
 def _triton_kernels() -> dict:
     """Launchers with the references' signatures, imported only when asked for (triton is an
-    optional dependency). The mHC and attention launchers keep their workspaces, so each call is
-    one launch."""
+    optional dependency). The mHC and attention launchers keep their workspaces (no allocation
+    per call, CUDA-graph safe): an mHC boundary is one launch, a split attention call two (the
+    partials and their combine)."""
     from dsflash.plugins.csa2_index_score.kernel import csa2_index_score
     from dsflash.plugins.csa2_sparse_attention.kernel import SparseAttentionLauncher
     from dsflash.plugins.engram_hash_gather.kernel import engram_hash_gather
@@ -86,8 +87,9 @@ class OpSet:
 
     def stable_topk(self, scores, k: int):
         """Not a plugin op: graphs keep the reference's sort (ONNX TopK). The Triton top-k serves
-        the GPU fast path only when `use_topk_kernel` is set: it is exact in the interpreter but
-        was not yet run on a GPU (tests/test_kernels_gpu.py::test_stable_topk_flash_sizes)."""
+        the GPU fast path only when `use_topk_kernel` is set: it is bit-exact on the H200
+        (tests/test_kernels_gpu.py::test_stable_topk_flash_sizes) but slower there than the stable
+        sort at 128K entries (docs/benchmarks.md), so the sort stays the default."""
         if self._backend == "triton" and self.use_topk_kernel:
             return self._kernels["stable_topk"](scores, k)
         return stable_topk_reference(scores, k)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from dsflash.plugins.engram_hash_gather import reference as engram_ref
 from dsflash.plugins.mhc_boundary import kernel as mhc_kernel
 from dsflash.plugins.mhc_boundary import reference as mhc_ref
 from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
+from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
 BF16 = torch.bfloat16
 # the released sizes (model/config.py defaults)
@@ -97,21 +99,22 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
     idx = torch.randint(0, n, (1, 1, TOPK), generator=gen).cuda()
     scale = HEAD_DIM ** -0.5
     attn = attn_kernel.SparseAttentionLauncher()  # held: its workspace is reused across calls
-    topk = StableTopkLauncher()  # the Triton top-k (checked bit-exact by the GPU tests first)
+    topk_kernel = StableTopkLauncher()  # the Triton top-k (opt-in: slower than the sort here)
 
-    def layer():
+    def layer():  # what OpSet("triton") runs: the kernels, and the stable sort for the top-k
         sel = idx
         if kind != "reuse":
             scores = index_kernel.csa2_index_score(iq, iw, ik, visible)
-            sel = topk(scores, TOPK)[1]
+            sel = stable_topk_reference(scores, TOPK)[1]
         return attn(q, kv, sel, win, wmask, sink, scale)
 
     out = {"layer_us": 1e3 * time_ms(layer, graph=True)}
     if kind != "reuse":
         out["index_us"] = 1e3 * time_ms(lambda: index_kernel.csa2_index_score(iq, iw, ik, visible), graph=True)
         scores = index_kernel.csa2_index_score(iq, iw, ik, visible)
-        out["topk_us"] = 1e3 * time_ms(lambda: topk(scores, TOPK), graph=True)
-        out["torch_topk_us"] = 1e3 * time_ms(lambda: scores.topk(TOPK, dim=-1), graph=True)
+        out["topk_us"] = 1e3 * time_ms(lambda: stable_topk_reference(scores, TOPK), graph=True)
+        out["topk_kernel_us"] = 1e3 * time_ms(lambda: topk_kernel(scores, TOPK), graph=True)
+        out["torch_topk_us"] = 1e3 * time_ms(lambda: scores.topk(TOPK, dim=-1), graph=True)  # not stable
         keys_read = (visible.sum().item() if kind == "reindex" else n) * INDEX_DIM * 2
         out["index_bytes"] = keys_read + n + 4 * n + INDEX_HEADS * (INDEX_DIM * 2 + 4)
     out["attn_us"] = 1e3 * time_ms(lambda: attn(q, kv, idx, win, wmask, sink, scale), graph=True)
@@ -155,9 +158,33 @@ def mhc_case(tokens: int, gen) -> dict:
     return {"kernel_us": 1e3 * k_ms, "eager_us": 1e3 * r_ms, "bytes": total}
 
 
+def _close(got, want, rel: float) -> bool:
+    """A sweep setting counts only if it computes the same thing as the default one."""
+    return all(torch.allclose(g.float(), w.float(), rtol=rel, atol=rel * w.float().abs().max().item())
+               for g, w in zip(got, want))
+
+
+def _sweep_one(res: dict, label: str, make, call, want, rel: float, graph: bool) -> None:
+    """Time one launch setting, after checking its output against the default setting's; logged
+    as it goes, so a run cut short still reports what it measured."""
+    try:
+        f = make()
+        got = call(f)
+        got = got if isinstance(got, (tuple, list)) else (got,)
+        if not _close(got, want, rel):
+            logging.warning("sweep %s: WRONG result, not timed", label)
+            res[label] = float("nan")
+            return
+        res[label] = 1e3 * time_ms(lambda: call(f), graph=graph)
+        logging.info("sweep %s: %.1f us", label, res[label])
+    except Exception as exc:  # a setting that does not fit (shared memory, registers)
+        logging.info("sweep %s: %s", label, str(exc).splitlines()[0][:100])
+
+
 def sweep(gen) -> dict:
-    """Launch parameters of the two kernels with the most freedom, at decode and prefill sizes;
-    the defaults in launch_config come from these runs."""
+    """Launch parameters of the attention and mHC kernels at decode and prefill sizes, each
+    setting checked against the default one first; the defaults in launch_config come from
+    these runs."""
     res = {}
     for rows in (1, 64):
         q = torch.randn(1, rows, HEADS, HEAD_DIM, generator=gen).to("cuda", BF16)
@@ -166,30 +193,31 @@ def sweep(gen) -> dict:
         win = torch.randn(1, WINDOW + rows, HEAD_DIM, generator=gen).to("cuda", BF16)
         wmask = torch.ones(1, rows, WINDOW + rows, dtype=torch.bool, device="cuda")
         sink = torch.randn(HEADS, generator=gen).cuda()
-        for bh in (16, 32, 64):
-            for bk in (16, 32, 64):
-                for nw in (4, 8):
-                    over = dict(BLOCK_H=bh, BLOCK_K=bk, num_warps=nw)
-                    f = attn_kernel.SparseAttentionLauncher(overrides=over)
-                    try:
-                        us = 1e3 * time_ms(lambda: f(q, kv, idx, win, wmask, sink, 0.04), graph=True)
-                    except Exception as exc:  # a config that does not fit (shared memory, registers)
-                        logging.info("attention rows=%d %s: %s", rows, over, str(exc).splitlines()[0][:80])
-                        continue
-                    res[f"attn rows={rows} {over}"] = us
+        args = (q, kv, idx, win, wmask, sink, 0.04)
+        want = (attn_kernel.SparseAttentionLauncher()(*args),)
+        grid = ([(16, 32, per, 4) for per in (1, 2, 4, 20)] + [(16, 16, 1, 4), (16, 32, 1, 8), (32, 32, 1, 8)]
+                if rows == 1 else [(16, 32, 1, 4), (32, 32, 1, 4), (16, 64, 1, 4)])
+        for bh, bk, per, nw in grid:
+            over = dict(BLOCK_H=bh, BLOCK_K=bk, MIN_BLOCKS_PER_SPLIT=per, num_warps=nw)
+            _sweep_one(res, f"attn rows={rows} {over}",
+                       lambda: attn_kernel.SparseAttentionLauncher(overrides=over), lambda f: f(*args),
+                       want, 1e-2, graph=True)
     for tokens in (1, 8192):
         args = [t.cuda() for t in mhc_inputs(tokens, gen)] + [20, 1e-6, 1e-6]
-        for be in (32, 64, 128):
-            for bt in ((16,) if tokens == 1 else (16, 32, 64)):
-                for nw in (4, 8):
-                    over = dict(BLOCK_E=be, BLOCK_T=bt, num_warps=nw)
-                    f = mhc_kernel.MhcBoundaryLauncher(overrides=over)
-                    try:
-                        us = 1e3 * time_ms(lambda: f(*args), graph=tokens == 1)
-                    except Exception as exc:
-                        logging.info("mhc tokens=%d %s: %s", tokens, over, str(exc).splitlines()[0][:80])
-                        continue
-                    res[f"mhc tokens={tokens} {over}"] = us
+        want = mhc_kernel.MhcBoundaryLauncher()(*args)
+        few = tokens <= 64
+        grid = ([(1, 32, 4), (1, 64, 4), (1, 128, 4), (16, 32, 4)] if few else
+                [(32, 32, 4), (16, 32, 4), (16, 64, 4), (32, 64, 8), (64, 32, 8)])
+        for bt, be, nw in grid:
+            over = dict(BLOCK_E=be, BLOCK_T=bt, num_warps=nw)
+            _sweep_one(res, f"mhc tokens={tokens} {over}",
+                       lambda: mhc_kernel.MhcBoundaryLauncher(overrides=over), lambda f: f(*args),
+                       want, 2e-2, graph=few)
+        if tokens == 1:  # what the Sinkhorn epilogue costs: the same launch with one iteration
+            one = args[:-3] + [1, 1e-6, 1e-6]
+            f = mhc_kernel.MhcBoundaryLauncher()
+            res["mhc tokens=1 sinkhorn iters=1 (diagnostic)"] = 1e3 * time_ms(lambda: f(*one), graph=True)
+            logging.info("sweep mhc tokens=1 sinkhorn iters=1: %.1f us", res["mhc tokens=1 sinkhorn iters=1 (diagnostic)"])
     return res
 
 
@@ -225,11 +253,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer sizes (a smoke run)")
     ap.add_argument("--sweep", action="store_true", help="also sweep launch parameters")
     ap.add_argument("--csa2-only", action="store_true", help="only the CSA2 layer table")
+    ap.add_argument("--sweep-only", action="store_true", help="only the launch-parameter sweep")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
+    if args.sweep_only:
+        (out / "sweep.json").write_text(json.dumps(sweep(gen), indent=1))
+        return
     res = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
            "torch": torch.__version__, "triton": triton.__version__, "ceilings": ceilings(args.quick)}
     bw = res["ceilings"]["copy_GBps"]
@@ -257,14 +289,15 @@ def main() -> None:
         res["engram"]["pinned"][label] = engram_case(batch, new, host, gen)
     del table, host
     res["mhc"] = {str(t): mhc_case(t, gen) for t in tqdm([1, 64, 8192], desc="mhc")}
-    if args.sweep:
-        res["sweep_us"] = sweep(gen)
-        for case in ("attn rows=1", "attn rows=64", "mhc tokens=1 ", "mhc tokens=8192"):
-            best = sorted((us, k) for k, us in res["sweep_us"].items() if k.startswith(case))[:3]
-            logging.info("sweep best %s: %s", case, "; ".join(f"{us:.1f} us {k[len(case):]}" for us, k in best))
     (out / "bench.json").write_text(json.dumps(res, indent=1))
     plot(res, out / "bench.png")
     report(res)
+    if args.sweep:
+        res["sweep_us"] = sweep(gen)
+        for case in ("attn rows=1 ", "attn rows=64", "mhc tokens=1 ", "mhc tokens=8192"):
+            best = sorted((us, k) for k, us in res["sweep_us"].items() if k.startswith(case) and not math.isnan(us))[:3]
+            logging.info("sweep best %s: %s", case, "; ".join(f"{us:.1f} us {k[len(case):]}" for us, k in best))
+        (out / "bench.json").write_text(json.dumps(res, indent=1))
 
 
 def report(res: dict) -> None:
@@ -279,10 +312,11 @@ def report(res: dict) -> None:
         idx_frac = f["index_bytes"] / bw / 1e3 / f["index_us"]
         att_frac = ru["attn_bytes"] / bw / 1e3 / ru["attn_us"]
         lines.append(f"  {ctx:>6} | {sd:9.1f} | {roof:6.1f} | {f['layer_us']:6.1f} ({sd / f['layer_us']:5.0f}x, "
-                     f"{roof / f['layer_us']:4.1f}x) [index {f['index_us']:.1f} topk {f['topk_us']:.1f} attn "
+                     f"{roof / f['layer_us']:4.1f}x) [index {f['index_us']:.1f} sort top-k {f['topk_us']:.1f} attn "
                      f"{f['attn_us']:.1f}] | {ri['layer_us']:6.1f} ({roof / ri['layer_us']:4.1f}x) | "
                      f"{ru['layer_us']:5.1f} ({roof / ru['layer_us']:4.1f}x) | {100 * idx_frac:4.0f}% | "
-                     f"{100 * att_frac:4.0f}% | torch.topk {f['torch_topk_us']:.1f}")
+                     f"{100 * att_frac:4.0f}% | top-k kernel {f['topk_kernel_us']:.1f}, torch.topk "
+                     f"{f['torch_topk_us']:.1f}")
     lines.append("Engram gather: case | HBM us, GB/s (% of gather ceiling) | eager us | pinned host GB/s")
     for label, h in res.get("engram", {}).get("hbm", {}).items():
         p = res["engram"]["pinned"][label]

@@ -2,7 +2,8 @@
 # Everything the GPU machine checks, in one call (PIPELINE.md §8): the kernel tests for real
 # (tests/test_kernels.py on CUDA, the gpu-marked tests), the AOT compile of every plugin kernel
 # for the flash sizes, and the microbenchmarks (table last; JSON, plot and logs under $OUT).
-#   bash scripts/gpu_check.sh [--quick] [--sweep]
+#   bash scripts/gpu_check.sh [--bench-only] [--quick] [--sweep]
+# (--bench-only skips the tests and the AOT compile: a benchmark rerun after a green check)
 # The ort-cuda tests also run when onnxruntime-gpu is on PYTHONPATH and DSFLASH_TINY_BUNDLE names a
 # portable tiny bundle made on the CPU machine (the GPU machine has no onnxruntime-gpu and no
 # network: carry the wheel in parts with ../shared/tools/carry-wheel.sh, see docs/benchmarks.md).
@@ -14,9 +15,16 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/.gpu_site:${PYTHONPATH:-}"
 # the package by path (the GPU image has no network for pip install -e); see scripts/gpu_site.sh
 bash scripts/gpu_site.sh .gpu_site
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
-python3 -P -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_kernels_gpu.py tests/test_ort_cuda.py -rs 2>&1 | tee "$OUT/tests.log"
-tests=${PIPESTATUS[0]}
-python3 scripts/aot_kernels.py --config flash --dtype bf16 --out "$OUT/kernels_flash" 2>&1 | tail -7 | tee "$OUT/aot.log"
+tests=0
+if [ "${1:-}" = "--bench-only" ]; then
+  shift
+else
+  python3 -P -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_kernels_gpu.py tests/test_ort_cuda.py \
+    -rs 2>&1 | tee "$OUT/tests.log"
+  tests=${PIPESTATUS[0]}
+  python3 scripts/aot_kernels.py --config flash --dtype bf16 --out "$OUT/kernels_flash" 2>&1 | tail -7 \
+    | tee "$OUT/aot.log"
+fi
 python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\]" | tail -36
 echo "gpu tests exit status: $tests"
 exit "$tests"

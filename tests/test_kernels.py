@@ -77,9 +77,12 @@ def test_index_score_kernel(gen, dtype, b, s, i, j, n):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("b,s,h,d,n,k,t,n_split", [(2, 3, 5, 24, 40, 7, 11, 1), (1, 1, 16, 64, 300, 70, 75, 1),
-                                                   (1, 1, 16, 64, 300, 70, 75, 3), (1, 4, 3, 130, 9, 3, 2, 2)])
-def test_sparse_attention_kernel(gen, dtype, b, s, h, d, n, k, t, n_split):
+@pytest.mark.parametrize("b,s,h,d,n,k,t,n_split,cfg", [
+    (2, 3, 5, 24, 40, 7, 11, 1, {}), (1, 1, 16, 64, 300, 70, 75, 1, {}), (1, 1, 16, 64, 300, 70, 75, 3, {}),
+    (1, 4, 3, 130, 9, 3, 2, 2, {}),
+    # 6 splits of one block, 2 head blocks (the last one partly masked)
+    (1, 2, 20, 40, 90, 50, 30, 7, {"BLOCK_K": 16, "BLOCK_H": 16})])
+def test_sparse_attention_kernel(gen, dtype, b, s, h, d, n, k, t, n_split, cfg):
     q = torch.randn(b, s, h, d, generator=gen).to(dtype)
     kv = torch.randn(b, n, d, generator=gen).to(dtype)
     idx = torch.randint(-1, n, (b, s, k), generator=gen)
@@ -88,8 +91,8 @@ def test_sparse_attention_kernel(gen, dtype, b, s, h, d, n, k, t, n_split):
     idx[-1, -1], mask[-1, -1] = -1, False  # a row with no key: all mass on the sink, output 0
     sink = torch.randn(h, generator=gen)
     args = (q, kv, idx, win, mask, sink, d ** -0.5)
-    launcher = attn_kernel.SparseAttentionLauncher()
-    for _ in range(2):  # the second call checks the split path cleared its counters
+    launcher = attn_kernel.SparseAttentionLauncher(overrides=cfg)
+    for _ in range(2):  # the second call reuses the split path's workspace
         got = launcher(*_dev(*args), n_split=n_split)
         assert torch.count_nonzero(got[-1, -1]) == 0
         assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, dtype,
@@ -107,12 +110,12 @@ def mhc_args(gen, b, s, c, e, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("b,s,c,e,n_split", [(2, 3, 4, 100, 1), (2, 3, 4, 100, 2), (1, 37, 2, 64, 1),
-                                             (1, 1, 4, 200, 4)])
+                                             (1, 1, 4, 200, 4), (1, 3, 4, 100, 3), (2, 20, 2, 96, 3)])
 def test_mhc_boundary_kernel(gen, dtype, b, s, c, e, n_split):
     args = mhc_args(gen, b, s, c, e, dtype)
     launcher = mhc_kernel.MhcBoundaryLauncher()
     attrs = dict(iters=20, hc_eps=1e-6, rms_eps=1e-6)
-    for _ in range(2):  # the second call checks the split path cleared its workspace
+    for _ in range(2):  # the second call checks the split path cleared its counters
         got = launcher(*_dev(*args), **attrs, n_split=n_split)
         assert_kernel_matches(got, mhc_ref.mhc_boundary, args, attrs, dtype, f"MhcBoundary split={n_split}")
 

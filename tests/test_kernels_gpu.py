@@ -103,14 +103,15 @@ def mhc_inputs(gen, tokens, c=4, e=5120):
             (torch.rand(e, generator=gen) + 0.5).to(BF16))
 
 
-@pytest.mark.parametrize("tokens", [1, 7, 300])
-def test_mhc_boundary_flash_sizes(gen, tokens):
+@pytest.mark.parametrize("tokens,n_split", [(1, None), (7, None), (300, None), (300, 1), (5000, None)])
+def test_mhc_boundary_flash_sizes(gen, tokens, n_split):
+    """Split channels (few tokens) and whole rows per program (n_split 1, and 5000 tokens)."""
     args = mhc_inputs(gen, tokens)
     attrs = dict(iters=20, hc_eps=1e-6, rms_eps=1e-6)
     launcher = mhc_kernel.MhcBoundaryLauncher()
-    for _ in range(2):  # the second call runs on the workspace the first one cleared
+    for _ in range(2):  # the second call runs on the counters the first one cleared
         poison_allocator()
-        got = launcher(*cuda(*args), **attrs)
+        got = launcher(*cuda(*args), **attrs, n_split=n_split)
         assert_kernel_matches(got, mhc_ref.mhc_boundary, args, attrs, BF16, f"mhc {tokens} tokens")
 
 

@@ -4,13 +4,15 @@ mixes with its sum of squares, the collapse with the carried pre, and in the epi
 sigmoids, Sinkhorn and the RMSNorm of the next input.
 
 Grid: (token blocks of BLOCK_T, channel splits). Each program streams its channels in chunks of
-BLOCK_E: R = post y + comb^T R_prev (rounded once to the stream dtype, as the reference),
-x = sum_k pre_k R_k (rounded, stored unnormalised), and accumulates R . fn^T on the tensor
-cores (tf32 for 16-bit streams, exact for fp32) with sum R^2 and sum x^2. With many tokens one
+BLOCK_E: R = post y + comb^T R_prev
+(rounded once to the stream dtype, as the reference), x = sum_k pre_k R_k (rounded, stored
+unnormalised), and accumulates R . fn^T on the tensor cores (tf32 for 16-bit streams, exact for
+fp32; exact fp32 products below 16 tokens) with sum R^2 and sum x^2. With many tokens one
 program owns whole rows (SPLIT = 0) and finishes them itself. With few tokens (decode) the
-channels are split over programs so the whole GPU reads fn; the partial sums go to a workspace
-by atomics and the last program of a token block (a counter) finishes the rows and clears the
-workspace for the next launch, so a boundary stays one launch.
+channels are split over programs so the whole GPU reads fn; each split stores its partial sums
+in a workspace slot, and the last program of a token block (a counter) adds them up in a fixed
+order (so results do not depend on scheduling), finishes the rows and clears the counter for the
+next launch, so a boundary stays one launch.
 """
 
 from __future__ import annotations
@@ -23,16 +25,21 @@ from dsflash.plugins.launch import LauncherBase, check_device, check_dtype, chec
 
 
 @triton.jit
-def _next_coefficients(acc, sumsq_r, t, tmask, base_ptr, scale_ptr, pre_out, post_out, comb_out,
+def _load_site(base_ptr, scale_ptr, M: tl.constexpr, MP: tl.constexpr):
+    """The next site's biases and the three scales (loaded early, so their latency overlaps)."""
+    m = tl.arange(0, MP)
+    base = tl.load(base_ptr + m, mask=m < M, other=0.0).to(tl.float32)
+    return (base, tl.load(scale_ptr + 0).to(tl.float32), tl.load(scale_ptr + 1).to(tl.float32),
+            tl.load(scale_ptr + 2).to(tl.float32))
+
+
+@triton.jit
+def _next_coefficients(acc, sumsq_r, t, tmask, base, s_pre, s_post, s_comb, pre_out, post_out, comb_out,
                        E: tl.constexpr, ITERS: tl.constexpr, HC_EPS: tl.constexpr, RMS_EPS: tl.constexpr,
                        C: tl.constexpr, M: tl.constexpr, MP: tl.constexpr):
     """pre, post (sigmoids) and comb (Sinkhorn) of the next site for the rows t."""
     mixes = acc * tl.rsqrt(sumsq_r / (C * E) + RMS_EPS)[:, None]
     m = tl.arange(0, MP)
-    base = tl.load(base_ptr + m, mask=m < M, other=0.0).to(tl.float32)
-    s_pre = tl.load(scale_ptr + 0).to(tl.float32)
-    s_post = tl.load(scale_ptr + 1).to(tl.float32)
-    s_comb = tl.load(scale_ptr + 2).to(tl.float32)
     a = tl.arange(0, C)
     # pick columns out of the [BLOCK_T, MP] mixes with one-hot selections (C and M are tiny)
     sel_pre = (m[None, :] == a[:, None]).to(tl.float32)
@@ -75,19 +82,89 @@ def _normalise_rows(sumsq_x, t, tmask, x_ptr, nw_ptr, E: tl.constexpr, RMS_EPS: 
 
 
 @triton.jit
-def _normalise_rows_flat(rstd_ptr, t0, n_rows, x_ptr, nw_ptr, E: tl.constexpr, FLAT: tl.constexpr):
-    """The same over rows other programs wrote (split path), as one flat run of n_rows * E
-    elements so one token is a few wide steps; rstd per row comes from memory (rstd_ptr[2 * row])
-    and x through L2 (.cg), never a stale L1 line."""
-    for i0 in range(0, n_rows * E, FLAT):
-        i = i0 + tl.arange(0, FLAT)
-        ok = i < n_rows * E
-        row = t0 + i // E
-        e = i % E
-        r = tl.load(rstd_ptr + row * 2, mask=ok, other=0.0, cache_modifier=".cg")
-        x = tl.load(x_ptr + row * E + e, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-        w = tl.load(nw_ptr + e, mask=ok, other=0.0).to(tl.float32)
-        tl.store(x_ptr + row * E + e, (x * r * w).to(x_ptr.dtype.element_ty), mask=ok)
+def _mix_chunk(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, new_ptr, x_ptr, t64, tmask,
+               e0, e_hi, acc, sumsq_r, sumsq_x, C: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
+               MP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, IEEE: tl.constexpr):
+    """One chunk of BLOCK_E channels of BLOCK_T tokens: new R, the collapse x and the projection
+    onto fn, one output stream at a time so every tile stays 2-D [BLOCK_T, BLOCK_E] (the input
+    tiles are re-read from L1; 3-D [T, C, E] tiles with a reshape for the dot ran 2x slower on
+    the H200)."""
+    e = e0 + tl.arange(0, BLOCK_E)
+    emask = e < e_hi
+    m2 = tmask[:, None] & emask[None, :]
+    m = tl.arange(0, MP)
+    y = tl.load(y_ptr + t64[:, None] * E + e[None, :], mask=m2, other=0.0).to(tl.float32)
+    x_acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+    for k in tl.static_range(C):
+        # R'_k = post_k y + sum_j comb[j, k] R_j (comb applied transposed), fp32, rounded once
+        # (the coefficients are re-read per chunk: L1 hits, cheaper in registers than held tiles)
+        post_k = tl.load(post_ptr + t64 * C + k, mask=tmask, other=0.0).to(tl.float32)
+        new_k = post_k[:, None] * y
+        for j in tl.static_range(C):
+            r_j = tl.load(streams_ptr + (t64[:, None] * C + j) * E + e[None, :], mask=m2, other=0.0)
+            c_jk = tl.load(comb_ptr + t64 * (C * C) + j * C + k, mask=tmask, other=0.0).to(tl.float32)
+            new_k += c_jk[:, None] * r_j.to(tl.float32)
+        new_k = new_k.to(new_ptr.dtype.element_ty)
+        tl.store(new_ptr + (t64[:, None] * C + k) * E + e[None, :], new_k, mask=m2)
+        nf = new_k.to(tl.float32)
+        sumsq_r += tl.sum(nf * nf, axis=1)
+        pre_k = tl.load(pre_ptr + t64 * C + k, mask=tmask, other=0.0).to(tl.float32)
+        x_acc += pre_k[:, None] * nf
+        # fn[:, k*E + e] as [MP, BLOCK_E]: contiguous along the channels (coalesced)
+        fn_k = tl.load(fn_ptr + m[:, None] * (C * E) + k * E + e[None, :],
+                       mask=(m < M)[:, None] & emask[None, :], other=0.0).to(tl.float32)
+        if BLOCK_T < 16:  # too few rows for the tensor cores: exact fp32 products, summed
+            acc += tl.sum(nf[:, None, :] * fn_k[None, :, :], axis=2)
+        elif IEEE:
+            acc += tl.dot(nf, tl.trans(fn_k), input_precision="ieee")
+        else:
+            acc += tl.dot(nf, tl.trans(fn_k), input_precision="tf32")
+    x = x_acc.to(x_ptr.dtype.element_ty)
+    tl.store(x_ptr + t64[:, None] * E + e[None, :], x, mask=m2)
+    xf = x.to(tl.float32)
+    sumsq_x += tl.sum(xf * xf, axis=1)
+    return acc, sumsq_r, sumsq_x
+
+
+@triton.jit
+def _merge_and_finish(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, x_ptr, nw_ptr, base_ptr, scale_ptr,
+                      pre_out, post_out, comb_out, C: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
+                      MP: tl.constexpr, ITERS: tl.constexpr, HC_EPS: tl.constexpr,
+                      RMS_EPS: tl.constexpr, BLOCK_T: tl.constexpr, NSP: tl.constexpr,
+                      E_P2: tl.constexpr):
+    """Split path, last program of a token block: sum the splits' partials row by row in a fixed
+    order (deterministic, unlike float atomics; one [NSP, MP] load per row, through L2), then the
+    coefficients and the RMSNorm of each row's x (written by the other programs)."""
+    base, s_pre, s_post, s_comb = _load_site(base_ptr, scale_ptr, M, MP)
+    e = tl.arange(0, E_P2)
+    w = tl.load(nw_ptr + e, mask=e < E, other=0.0).to(tl.float32)
+    sp = tl.arange(0, NSP)
+    m = tl.arange(0, MP)
+    tt = tl.arange(0, BLOCK_T)
+    acc = tl.zeros([BLOCK_T, MP], dtype=tl.float32)
+    sumsq_r = tl.zeros([BLOCK_T], dtype=tl.float32)
+    sumsq_x = tl.zeros([BLOCK_T], dtype=tl.float32)
+    t0 = pid_t.to(tl.int64) * BLOCK_T
+    n_rows = tl.minimum(BLOCK_T, T - t0)
+    ok = sp < n_split
+    for i in range(n_rows):
+        slot = sp.to(tl.int64) * T + t0 + i
+        part = tl.load(ws_acc + slot[:, None] * MP + m[None, :], mask=ok[:, None] & (m < M)[None, :],
+                       other=0.0, cache_modifier=".cg")
+        sq_r = tl.load(ws_sq + slot * 2, mask=ok, other=0.0, cache_modifier=".cg")
+        sq_x = tl.load(ws_sq + slot * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
+        here = tt == i
+        acc = tl.where(here[:, None], tl.sum(part, axis=0)[None, :], acc)
+        sumsq_r = tl.where(here, tl.sum(sq_r, axis=0), sumsq_r)
+        sumsq_x = tl.where(here, tl.sum(sq_x, axis=0), sumsq_x)
+    _next_coefficients(acc, sumsq_r, t64, tmask, base, s_pre, s_post, s_comb, pre_out, post_out, comb_out,
+                       E, ITERS, HC_EPS, RMS_EPS, C, M, MP)
+    rstd = tl.rsqrt(sumsq_x / E + RMS_EPS)
+    for i in range(n_rows):  # one wide step per row: one token is one load and one store
+        r_i = tl.sum(tl.where(tt == i, rstd, 0.0), axis=0)
+        ptrs = x_ptr + (t0 + i) * E + e
+        x = tl.load(ptrs, mask=e < E, other=0.0, cache_modifier=".cg").to(tl.float32)
+        tl.store(ptrs, (x * r_i * w).to(x_ptr.dtype.element_ty), mask=e < E)
 
 
 @triton.jit
@@ -96,77 +173,41 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
                         ws_acc, ws_sq, counter,
                         C: tl.constexpr, E: tl.constexpr, M: tl.constexpr, MP: tl.constexpr,
                         ITERS: tl.constexpr, HC_EPS: tl.constexpr, RMS_EPS: tl.constexpr,
-                        BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, SPLIT: tl.constexpr,
-                        IEEE: tl.constexpr):
+                        BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, NSP: tl.constexpr,
+                        E_P2: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr):
     # TensorRT's AOT order: inputs, integer scalars, outputs. The workspace comes last: the
     # TensorRT build compiles SPLIT = 0, which never touches it.
     pid_t = tl.program_id(0)
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
     t64 = t.to(tl.int64)
-    m = tl.arange(0, MP)
     acc = tl.zeros([BLOCK_T, MP], dtype=tl.float32)
     sumsq_r = tl.zeros([BLOCK_T], dtype=tl.float32)
     sumsq_x = tl.zeros([BLOCK_T], dtype=tl.float32)
     e_lo = tl.program_id(1) * e_per_split
     e_hi = tl.minimum(e_lo + e_per_split, E)
     for e0 in range(e_lo, e_hi, BLOCK_E):
-        e = e0 + tl.arange(0, BLOCK_E)
-        emask = e < e_hi
-        m2 = tmask[:, None] & emask[None, :]
-        y = tl.load(y_ptr + t64[:, None] * E + e[None, :], mask=m2, other=0.0).to(tl.float32)
-        x_acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
-        # one output stream at a time keeps every tile 2-D; the C input tiles are re-read from L1
-        for k in tl.static_range(C):
-            post_k = tl.load(post_ptr + t64 * C + k, mask=tmask, other=0.0).to(tl.float32)
-            new_k = post_k[:, None] * y
-            for j in tl.static_range(C):
-                rj = tl.load(streams_ptr + (t64[:, None] * C + j) * E + e[None, :], mask=m2, other=0.0)
-                c_jk = tl.load(comb_ptr + t64 * (C * C) + j * C + k, mask=tmask, other=0.0).to(tl.float32)
-                new_k += c_jk[:, None] * rj.to(tl.float32)  # comb applied transposed
-            new_k = new_k.to(new_ptr.dtype.element_ty)  # rounded once, as the reference
-            tl.store(new_ptr + (t64[:, None] * C + k) * E + e[None, :], new_k, mask=m2)
-            nf = new_k.to(tl.float32)
-            sumsq_r += tl.sum(nf * nf, axis=1)
-            pre_k = tl.load(pre_ptr + t64 * C + k, mask=tmask, other=0.0).to(tl.float32)
-            x_acc += pre_k[:, None] * nf
-            # fn[m, k*E + e] as a [BLOCK_E, MP] tile of fn^T
-            fn_t = tl.load(fn_ptr + m[None, :] * (C * E) + k * E + e[:, None],
-                           mask=(m < M)[None, :] & emask[:, None], other=0.0).to(tl.float32)
-            if IEEE:
-                acc += tl.dot(nf, fn_t, input_precision="ieee")
-            else:
-                acc += tl.dot(nf, fn_t, input_precision="tf32")
-        x = x_acc.to(x_ptr.dtype.element_ty)
-        tl.store(x_ptr + t64[:, None] * E + e[None, :], x, mask=m2)
-        xf = x.to(tl.float32)
-        sumsq_x += tl.sum(xf * xf, axis=1)
+        acc, sumsq_r, sumsq_x = _mix_chunk(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, new_ptr,
+                                           x_ptr, t64, tmask, e0, e_hi, acc, sumsq_r, sumsq_x, C, E, M, MP,
+                                           BLOCK_T, BLOCK_E, IEEE)
     if SPLIT:
-        mm = tmask[:, None] & (m < M)[None, :]
-        tl.atomic_add(ws_acc + t64[:, None] * MP + m[None, :], acc, mask=mm)
-        tl.atomic_add(ws_sq + t64 * 2, sumsq_r, mask=tmask)
-        tl.atomic_add(ws_sq + t64 * 2 + 1, sumsq_x, mask=tmask)
-        tl.debug_barrier()  # every thread's partials are issued before the counter moves
+        m = tl.arange(0, MP)
+        slot = tl.program_id(1).to(tl.int64) * T + t64
+        tl.store(ws_acc + slot[:, None] * MP + m[None, :], acc, mask=tmask[:, None] & (m < M)[None, :])
+        tl.store(ws_sq + slot * 2, sumsq_r, mask=tmask)
+        tl.store(ws_sq + slot * 2 + 1, sumsq_x, mask=tmask)
+        tl.debug_barrier()  # every thread's partials and x are written before the counter moves
         done = tl.atomic_add(counter + pid_t, 1)  # acq_rel at GPU scope
         if done == n_split - 1:
-            acc = tl.load(ws_acc + t64[:, None] * MP + m[None, :], mask=mm, other=0.0, cache_modifier=".cg")
-            sumsq_r = tl.load(ws_sq + t64 * 2, mask=tmask, other=0.0, cache_modifier=".cg")
-            sumsq_x = tl.load(ws_sq + t64 * 2 + 1, mask=tmask, other=0.0, cache_modifier=".cg")
-            tl.store(ws_acc + t64[:, None] * MP + m[None, :], tl.zeros_like(acc), mask=mm)
-            tl.store(ws_sq + t64 * 2, tl.rsqrt(sumsq_x / E + RMS_EPS), mask=tmask)  # rstd for the flat pass
-            tl.store(ws_sq + t64 * 2 + 1, tl.zeros_like(sumsq_x), mask=tmask)
-            tl.store(counter + pid_t, 0)
-            _next_coefficients(acc, sumsq_r, t64, tmask, base_ptr, scale_ptr, pre_out, post_out, comb_out,
-                               E, ITERS, HC_EPS, RMS_EPS, C, M, MP)
-            tl.debug_barrier()  # the rstd values are written before any thread reads them back
-            t0 = pid_t.to(tl.int64) * BLOCK_T
-            _normalise_rows_flat(ws_sq, t0, tl.minimum(BLOCK_T, T - t0), x_ptr, nw_ptr, E, 2048)
-            tl.debug_barrier()
-            tl.store(ws_sq + t64 * 2, tl.zeros_like(sumsq_x), mask=tmask)  # cleared for the next launch
+            tl.store(counter + pid_t, 0)  # cleared for the next launch
+            _merge_and_finish(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, x_ptr, nw_ptr, base_ptr,
+                              scale_ptr, pre_out, post_out, comb_out, C, E, M, MP, ITERS, HC_EPS, RMS_EPS,
+                              BLOCK_T, NSP, E_P2)
     else:
         tl.debug_barrier()  # this program's unnormalised x rows are written before it rereads them
-        _next_coefficients(acc, sumsq_r, t64, tmask, base_ptr, scale_ptr, pre_out, post_out, comb_out,
-                           E, ITERS, HC_EPS, RMS_EPS, C, M, MP)
+        base, s_pre, s_post, s_comb = _load_site(base_ptr, scale_ptr, M, MP)
+        _next_coefficients(acc, sumsq_r, t64, tmask, base, s_pre, s_post, s_comb, pre_out, post_out,
+                           comb_out, E, ITERS, HC_EPS, RMS_EPS, C, M, MP)
         _normalise_rows(sumsq_x, t64, tmask, x_ptr, nw_ptr, E, RMS_EPS, BLOCK_E)
 
 
@@ -191,12 +232,12 @@ class MhcBoundaryLauncher(LauncherBase):
     """Holds the self-clearing workspace of the split (few-token) path, so each call is exactly
     one kernel launch. One instance per device/stream; calls on it must not overlap."""
 
-    def _workspace(self, device, rows: int, mp: int, blocks: int):
+    def _workspace(self, device, slots: int, mp: int, blocks: int):
         key = (device, mp)
         ws = self._ws.get(key)
-        if ws is None or ws[0].shape[0] < rows or ws[2].numel() < blocks:
-            ws = (torch.zeros(rows, mp, dtype=torch.float32, device=device),
-                  torch.zeros(rows, 2, dtype=torch.float32, device=device),
+        if ws is None or ws[0].shape[0] < slots or ws[2].numel() < blocks:
+            ws = (torch.empty(slots, mp, dtype=torch.float32, device=device),
+                  torch.empty(slots, 2, dtype=torch.float32, device=device),
                   torch.zeros(blocks, dtype=torch.int32, device=device))
             self._ws[key] = ws
         return ws
@@ -221,31 +262,41 @@ class MhcBoundaryLauncher(LauncherBase):
         t_blocks = triton.cdiv(tokens, block_t)
         if n_split is None:  # split channels only until the grid covers the GPU twice
             n_split = max(1, min(triton.cdiv(e, block_e), triton.cdiv(2 * self._sms(dev), t_blocks)))
+        n_split = min(n_split, 256)  # the merge reads every split's partials in one [NSP, MP] load
         e_per = triton.cdiv(triton.cdiv(e, n_split), block_e) * block_e
         n_split = triton.cdiv(e, e_per)
-        ws_acc, ws_sq, counter = self._workspace(dev, tokens if n_split > 1 else 1, cfg["MP"],
-                                                 t_blocks if n_split > 1 else 1)
+        split = n_split > 1
+        ws_acc, ws_sq, counter = self._workspace(dev, n_split * tokens if split else 1, cfg["MP"],
+                                                 t_blocks if split else 1)
         f = [t.contiguous() for t in (streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next,
                                       base_next, scale_next, norm_weight)]
         mhc_boundary_kernel[(t_blocks, n_split)](
             *f, tokens, e_per, n_split, new, x, pre, post, comb, ws_acc, ws_sq, counter, C=c, E=e, M=n_mix,
-            ITERS=int(iters), HC_EPS=float(hc_eps), RMS_EPS=float(rms_eps), SPLIT=n_split > 1, **cfg)
+            ITERS=int(iters), HC_EPS=float(hc_eps), RMS_EPS=float(rms_eps), NSP=next_pow2(n_split),
+            E_P2=next_pow2(e), SPLIT=split, **cfg)
         return new, x, pre, post, comb
 
 
 def launch_config(tokens: int, hc: int, hidden: int, dtype: torch.dtype) -> dict:
-    """Block sizes and warps, shared by the JIT launch and the AOT compile (trt.py)."""
-    # H200 (docs/benchmarks.md): decode sizes run fastest with 32-channel chunks and 4 warps; for
-    # many tokens the sweep's fastest setting (32 x 32, 4 warps) failed the 300-token check on the
-    # GPU, so many tokens keep the setting verified there (64-channel chunks, 8 warps)
+    """Block sizes and warps, shared by the JIT launch and the AOT compile (trt.py). Few tokens
+    (decode) split the channels over programs, BLOCK_E each; many tokens give each program whole
+    rows of BLOCK_T tokens. Settings from the H200 sweep (docs/benchmarks.md): one token 9.3 us
+    with 32-channel chunks (64: 10.6 us, 128: 11.5 us, 16 rows with the tensor cores: 14.3 us);
+    8,192 tokens 926 us at 32 rows x 32 channels x 4 warps (16 rows: 1,551 us, 64 rows x 8 warps:
+    1,436 us, 64-channel chunks: 2,300-2,400 us)."""
     few = tokens <= 64
-    return dict(BLOCK_T=16 if few else 32, BLOCK_E=min(32 if few else 64, next_pow2(hidden, 16)),
-                MP=next_pow2((2 + hc) * hc, 16), IEEE=dtype == torch.float32, num_warps=4 if few else 8)
+    # one to four tokens: that many rows per program and the projection as fp32 products (the
+    # tensor cores need 16 rows); BLOCK_T * C * BLOCK_E * MP stays at 16K values or fewer
+    block_t = next_pow2(tokens) if tokens <= 4 else 16 if few else 32
+    block_e = 32
+    return dict(BLOCK_T=block_t, BLOCK_E=min(block_e, next_pow2(hidden, 16)),
+                MP=next_pow2((2 + hc) * hc, 16), IEEE=dtype == torch.float32, num_warps=4)
 
 
 def mhc_boundary(streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next, base_next, scale_next,
                  norm_weight, iters: int, hc_eps: float, rms_eps: float):
     """-> (new streams, next sublayer input, next pre, next post, next comb), as the reference.
-    A fresh workspace per call (a zero fill, so two launches); hold an MhcBoundaryLauncher for one."""
+    A fresh workspace per call (zeroed counters, so two launches when the channels are split); hold
+    an MhcBoundaryLauncher for one launch per call."""
     return MhcBoundaryLauncher()(streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next, base_next,
                                  scale_next, norm_weight, iters, hc_eps, rms_eps)

@@ -104,7 +104,8 @@ class StableTopkLauncher(LauncherBase):
         else:
             ws = (vals, vals)  # never touched
         stable_topk_kernel[(rows, n_chunks)](flat, n, k_out, vals, idx, *ws, K=big_k, CHUNK=chunk,
-                                             MERGE=next_pow2(n_chunks * big_k), SPLIT=split, num_warps=8)
+                                             MERGE=next_pow2(n_chunks * big_k), SPLIT=split,
+                                             num_warps=self._overrides.get("num_warps", 8))
         return vals.view(*lead, k_out), idx.view(*lead, k_out)
 
 
