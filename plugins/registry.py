@@ -86,10 +86,10 @@ class OpSet:
                           scale=float(scale))
 
     def stable_topk(self, scores, k: int):
-        """Not a plugin op: graphs keep the reference's sort (ONNX TopK). The Triton top-k serves
-        the GPU fast path only when `use_topk_kernel` is set: it is bit-exact on the H200
-        (tests/test_kernels_gpu.py::test_stable_topk_flash_sizes) but slower there than the stable
-        sort at 128K entries (docs/benchmarks.md), so the sort stays the default."""
+        """Not a plugin op: graphs keep the reference's sort (ONNX TopK). The Triton top-k (a
+        radix select) serves the GPU fast path only when `use_topk_kernel` is set: it is exact in
+        the interpreter but has not yet run on a GPU (its chunked predecessor was exact there and
+        slower than the sort; docs/benchmarks.md), so the sort stays the default."""
         if self._backend == "triton" and self.use_topk_kernel:
             return self._kernels["stable_topk"](scores, k)
         return stable_topk_reference(scores, k)

@@ -149,11 +149,12 @@ def test_tiny_model_runs_on_the_kernels(tiny_cfg, gen, topk_kernel):
     assert_close(got.cpu(), expected.cpu(), MODEL, "tiny logits, triton vs reference ops")
 
 
-@pytest.mark.parametrize("rows,n,k,chunk", [(3, 50, 4, None), (2, 300, 8, 64), (1, 1000, 16, 128), (2, 5, 8, None)])
+@pytest.mark.parametrize("rows,n,k,chunk", [(3, 50, 4, None), (2, 300, 8, 64), (1, 1000, 16, 128), (2, 5, 8, None),
+                                            (1, 3000, 100, 256), (2, 700, 1, 128), (1, 64, 64, 16)])
 def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk):
     """Same indices and values as the stable sort, bit for bit: ties (ReLU zeros, rounded
-    values) to the lower index, -inf / +inf, k > N, and the split path (several chunks merged by
-    the last program) twice on one launcher (its counters must clear)."""
+    values) to the lower index across chunks, -inf / +inf, k > N, k = 1, k = N, several chunks,
+    twice on one launcher (its histograms and counters must clear)."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 

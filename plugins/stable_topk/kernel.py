@@ -1,12 +1,19 @@
-"""Stable top-k as one Triton launch (decode sizes: a few rows of up to 128K scores, k = 512).
+"""Stable top-k as a radix select over all SMs (decode sizes: a few rows of up to ~1M scores,
+k up to 8192), in four launches that each read the scores once.
 
-Each score becomes a unique 64-bit key, (order-preserving bits of the score) << 32 | (2^32 - 1 -
-index), so "largest key" means "best score, then lowest index" and no two keys tie: the stable
-order of the reference, exactly. Grid (rows, chunks of CHUNK entries): each program takes the
-bitonic top-K of its chunk's keys (tl.topk) into a workspace; the last program of a row (a
-counter, as in the other launchers) takes the top-K of the P*K candidates, decodes indices and
-values, and clears the counter. One chunk per row needs no workspace. Rows whose P*K exceeds
-MERGE keys fall back to the reference (a sort) rather than a second launch.
+Each score maps to an order-preserving 32-bit key (after clamping +-inf to the largest finite
+values, as the reference sorts). Three digit passes find V, the key of the k-th best entry,
+11 + 11 + 10 bits at a time: every program histograms the digit of its entries still in play (the
+higher bits equal the prefix found so far) with tl.histogram and adds it into the row's
+histogram with atomics; the last program of the row (a counter) picks the digit that holds the
+k-th entry, narrows the prefix and clears the histogram. The select pass then writes every
+entry above V and the first (k - #above) entries equal to V in index order (the last pass's
+per-program counts give each program how many equal entries come before its chunk); its last
+program sorts the k selected by (key, then lower index) and writes indices and values. That is
+the reference's stable order exactly.
+
+The first version (bitonic tl.topk per 8K-entry chunk, merged by one program) was bit-exact on
+the H200 but took 182 us at 128K entries, three times the stable sort (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -18,57 +25,126 @@ import triton.language as tl
 from dsflash.plugins.launch import LauncherBase, check_device, check_dtype, next_pow2, require
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
-
-@triton.jit
-def _keys(scores, index):
-    """Order-preserving uint64 keys: float order in the high word, reversed index in the low."""
-    bits = scores.to(tl.uint32, bitcast=True)
-    neg = (bits >> 31) != 0
-    ordered = tl.where(neg, bits ^ 0xFFFFFFFF, bits | 0x80000000)  # ascending uint32 == ascending float
-    return (ordered.to(tl.uint64) << 32) | (0xFFFFFFFF - index.to(tl.uint32)).to(tl.uint64)
-
-
-@triton.jit
-def _emit(top, row, k_out, vals_ptr, idx_ptr, K: tl.constexpr):
-    """Decode sorted keys back to (value, index) and store the first k_out."""
-    kk = tl.arange(0, K)
-    ordered = (top >> 32).to(tl.uint32)
-    neg = (ordered >> 31) == 0
-    bits = tl.where(neg, ordered ^ 0xFFFFFFFF, ordered & 0x7FFFFFFF)
-    vals = bits.to(tl.float32, bitcast=True)
-    index = (0xFFFFFFFF - (top & 0xFFFFFFFF)).to(tl.int64)
-    tl.store(vals_ptr + row * k_out + kk, vals, mask=kk < k_out)
-    tl.store(idx_ptr + row * k_out + kk, index, mask=kk < k_out)
+# constants the kernels read (Triton only lets jit code see constexpr globals)
+BIG = tl.constexpr(3.4028234663852886e38)  # float32 max: the reference clamps +-inf to it
+HIST_BINS = tl.constexpr(2048)
+SLOTS = tl.constexpr(8)  # counters per row: one per digit pass, the select pass's allocation and its finish
+# (shift, bits) of the three digit passes over the 32-bit key, most significant first; 11-bit
+# digits keep the last program's histogram arithmetic in registers (ptxas, sm_90: 12 bits spill)
+PASSES = ((21, 11), (10, 11), (0, 10))
 
 
 @triton.jit
-def stable_topk_kernel(scores_ptr, N, k_out, vals_ptr, idx_ptr, ws, counter,
-                       K: tl.constexpr, CHUNK: tl.constexpr, MERGE: tl.constexpr, SPLIT: tl.constexpr):
+def _ordered_keys(scores_ptr, row, n, ok, N):
+    """Order-preserving keys (int64 holding 32 bits): ascending key == ascending clamped score."""
+    s = tl.load(scores_ptr + row * N + n, mask=ok, other=0.0)
+    s = tl.minimum(tl.maximum(s, -BIG), BIG)
+    bits = s.to(tl.uint32, bitcast=True)
+    ordered = tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+    return ordered.to(tl.int64) & 0xFFFFFFFF
+
+
+@triton.jit
+def radix_digit_pass_kernel(scores_ptr, N, k, hist, state, counter, prog_hist,
+                            SHIFT: tl.constexpr, BITS: tl.constexpr, PASS: tl.constexpr,
+                            FIRST: tl.constexpr, LAST: tl.constexpr, CHUNK: tl.constexpr):
+    """Grid (rows, chunks). state[row] = (prefix of V's key above SHIFT + BITS, entries of the
+    k best still to find among those in play)."""
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
+    n_prog = tl.num_programs(1)
     n = p * CHUNK + tl.arange(0, CHUNK)
-    s = tl.load(scores_ptr + row * N + n, mask=n < N, other=0.0)
-    keys = tl.where(n < N, _keys(s, n), 0)  # padding sorts below every real key
-    top = tl.topk(keys, K)
-    if SPLIT:
-        n_chunks = tl.num_programs(1)
-        kk = tl.arange(0, K)
-        tl.store(ws + (row * n_chunks + p) * K + kk, top)
-        tl.debug_barrier()  # every thread's candidates are written before the counter moves
-        done = tl.atomic_add(counter + row, 1)  # acq_rel at GPU scope
-        if done == n_chunks - 1:
-            m = tl.arange(0, MERGE)
-            cand = tl.load(ws + row * n_chunks * K + m, mask=m < n_chunks * K, other=0,
-                           cache_modifier=".cg")
-            tl.store(counter + row, 0)  # cleared for the next launch
-            _emit(tl.topk(cand, K), row, k_out, vals_ptr, idx_ptr, K)
+    ok = n < N
+    key = _ordered_keys(scores_ptr, row, n, ok, N)
+    if FIRST:
+        prefix = tl.zeros([], dtype=tl.int64)
+        k_rem = prefix + k  # (k may arrive as a constant: Triton specialises 1)
     else:
-        _emit(top, row, k_out, vals_ptr, idx_ptr, K)
+        prefix = tl.load(state + row * 2)
+        k_rem = tl.load(state + row * 2 + 1)
+    BINS: tl.constexpr = 1 << BITS
+    play = ok & ((key >> (SHIFT + BITS)) == prefix)
+    digit = ((key >> SHIFT) & (BINS - 1)).to(tl.int32)
+    h = tl.histogram(digit, BINS, mask=play)
+    b = tl.arange(0, BINS)
+    if LAST:  # per-program counts of the last digit, for the select pass's tie order
+        tl.store(prog_hist + (row * n_prog + p) * BINS + b, h)
+    tl.atomic_add(hist + row * HIST_BINS + b, h, mask=h > 0)
+    tl.debug_barrier()  # every thread's adds are issued before the counter moves
+    done = tl.atomic_add(counter + row * SLOTS + PASS, 1)  # acq_rel at GPU scope
+    if done == n_prog - 1:  # the last program of the row picks the digit
+        tot = tl.load(hist + row * HIST_BINS + b, cache_modifier=".cg")
+        tl.store(hist + row * HIST_BINS + b, tl.zeros_like(tot))  # cleared for the next pass
+        tl.store(counter + row * SLOTS + PASS, 0)
+        at_or_above = tl.sum(tot, axis=0) - tl.cumsum(tot, axis=0) + tot  # entries with digit >= b
+        above = at_or_above - tot
+        pick = (above < k_rem) & (at_or_above >= k_rem)
+        d = tl.max(tl.where(pick, b, -1), axis=0)
+        above_d = tl.sum(tl.where(b == d, above, 0), axis=0)
+        tl.store(state + row * 2, (prefix << BITS) | d.to(tl.int64))
+        tl.store(state + row * 2 + 1, k_rem - above_d.to(tl.int64))
+
+
+@triton.jit
+def radix_select_kernel(scores_ptr, N, k, state, counter, prog_hist, sel, vals_ptr, idx_ptr,
+                        CHUNK: tl.constexpr, KP: tl.constexpr, PP: tl.constexpr, LAST_BITS: tl.constexpr):
+    """Grid (rows, chunks): entries above V, then the first equal ones in index order, into sel;
+    the last program sorts the k keys (score key, then the reversed index) and emits them."""
+    row = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    n_prog = tl.num_programs(1)
+    n = p * CHUNK + tl.arange(0, CHUNK)
+    ok = n < N
+    key = _ordered_keys(scores_ptr, row, n, ok, N)
+    v = tl.load(state + row * 2)
+    need_eq = tl.load(state + row * 2 + 1)
+    n_gt = k - need_eq
+    gt = ok & (key > v)
+    eq = ok & (key == v)
+    pp = tl.arange(0, PP)
+    LAST_BINS: tl.constexpr = 1 << LAST_BITS
+    before = tl.load(prog_hist + (row * n_prog + pp) * LAST_BINS + (v & (LAST_BINS - 1)), mask=pp < p,
+                     other=0)
+    eq_rank = tl.sum(before, axis=0) + tl.cumsum(eq.to(tl.int32), axis=0) - 1
+    take_eq = eq & (eq_rank < need_eq)
+    base = tl.atomic_add(counter + row * SLOTS + 3, tl.sum(gt.to(tl.int32), axis=0))  # a run of slots
+    gt_rank = base + tl.cumsum(gt.to(tl.int32), axis=0) - 1
+    full = ((key << 32) | (0xFFFFFFFF - n.to(tl.int64))).to(tl.uint64)  # unique: best, then lowest index
+    tl.store(sel + row * KP + gt_rank, full, mask=gt)
+    tl.store(sel + row * KP + n_gt + eq_rank, full, mask=take_eq)
+    tl.debug_barrier()  # every thread's keys are written before the counter moves
+    done = tl.atomic_add(counter + row * SLOTS + 4, 1)  # acq_rel at GPU scope
+    if done == n_prog - 1:
+        kk = tl.arange(0, KP)
+        cand = tl.load(sel + row * KP + kk, mask=kk < k, other=0, cache_modifier=".cg")
+        top = tl.sort(cand, descending=True)  # padding (0) sorts below every real key
+        tl.store(counter + row * SLOTS + 3, 0)  # cleared for the next launch
+        tl.store(counter + row * SLOTS + 4, 0)
+        index = (0xFFFFFFFF - (top & 0xFFFFFFFF)).to(tl.int64)
+        keep = kk < k
+        tl.store(idx_ptr + row * k + kk, index, mask=keep)
+        # values from the scores themselves (the keys hold the clamped ones), as the reference
+        tl.store(vals_ptr + row * k + kk, tl.load(scores_ptr + row * N + index, mask=keep, other=0.0),
+                 mask=keep)
 
 
 class StableTopkLauncher(LauncherBase):
-    """Holds the candidates workspace and the per-row counters; one instance per device/stream,
-    calls on it must not overlap."""
+    """Holds the histograms, counters and selection buffers (self-clearing, so the four launches
+    capture into a CUDA graph); one instance per device/stream, calls on it must not overlap."""
+
+    def _workspace(self, device, rows: int, n_prog: int, kp: int) -> dict:
+        ws = self._ws.get(device)
+        if ws is None or ws["state"].shape[0] < rows or ws["prog_hist"].shape[1] < n_prog \
+                or ws["sel"].shape[1] < kp:
+            rows, n_prog, kp = (max(rows, 1), max(n_prog, 1), max(kp, 1))
+            ws = {"hist": torch.zeros(rows, HIST_BINS.value, dtype=torch.int32, device=device),
+                  "counter": torch.zeros(rows, SLOTS.value, dtype=torch.int32, device=device),
+                  "state": torch.empty(rows, 2, dtype=torch.int64, device=device),
+                  "prog_hist": torch.empty(rows, n_prog, 1 << PASSES[-1][1], dtype=torch.int32,
+                                           device=device),
+                  "sel": torch.empty(rows, kp, dtype=torch.uint64, device=device)}
+            self._ws[device] = ws
+        return ws
 
     def __call__(self, scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         op = "StableTopk"
@@ -80,32 +156,25 @@ class StableTopkLauncher(LauncherBase):
         k_out = min(k, n)
         lead = scores.shape[:-1]
         rows = scores.numel() // max(n, 1)
-        big_k = next_pow2(k)
-        chunk = self._overrides.get("CHUNK", max(8192, big_k))
-        merge_max = self._overrides.get("MERGE", 8192)
-        require(chunk >= big_k, f"{op}: chunk {chunk} is smaller than the padded k {big_k}")
-        n_chunks = triton.cdiv(n, chunk)
         if n == 0 or rows == 0:
             return (scores.new_empty(*lead, 0), torch.empty(*lead, 0, dtype=torch.int64, device=scores.device))
-        chunk = min(chunk, next_pow2(n, big_k)) if n_chunks == 1 else chunk
-        if n_chunks * big_k > merge_max or n >= 2**31:
-            return stable_topk_reference(scores, k)  # more candidates than one program merges
+        kp = next_pow2(k_out)
+        if kp > self._overrides.get("MAX_K", 8192) or n >= 2**31:
+            return stable_topk_reference(scores, k)  # more than one program sorts, or 32-bit indices
+        chunk = self._overrides.get("CHUNK", 4096)
+        n_prog = triton.cdiv(n, chunk)
         flat = scores.contiguous().view(rows, n)
         vals = torch.empty(rows, k_out, dtype=torch.float32, device=scores.device)
         idx = torch.empty(rows, k_out, dtype=torch.int64, device=scores.device)
-        split = n_chunks > 1
-        if split:
-            key = ("topk", scores.device)
-            ws = self._ws.get(key)
-            if ws is None or ws[0].numel() < rows * n_chunks * big_k or ws[1].numel() < rows:
-                ws = (torch.empty(rows * n_chunks * big_k, dtype=torch.uint64, device=scores.device),
-                      torch.zeros(rows, dtype=torch.int32, device=scores.device))
-                self._ws[key] = ws
-        else:
-            ws = (vals, vals)  # never touched
-        stable_topk_kernel[(rows, n_chunks)](flat, n, k_out, vals, idx, *ws, K=big_k, CHUNK=chunk,
-                                             MERGE=next_pow2(n_chunks * big_k), SPLIT=split,
-                                             num_warps=self._overrides.get("num_warps", 8))
+        ws = self._workspace(scores.device, rows, n_prog, kp)
+        warps = self._overrides.get("num_warps", 8)
+        for i, (shift, bits) in enumerate(PASSES):
+            radix_digit_pass_kernel[(rows, n_prog)](
+                flat, n, k_out, ws["hist"], ws["state"], ws["counter"], ws["prog_hist"], SHIFT=shift,
+                BITS=bits, PASS=i, FIRST=i == 0, LAST=i == len(PASSES) - 1, CHUNK=chunk, num_warps=warps)
+        radix_select_kernel[(rows, n_prog)](
+            flat, n, k_out, ws["state"], ws["counter"], ws["prog_hist"], ws["sel"], vals, idx, CHUNK=chunk,
+            KP=kp, PP=next_pow2(n_prog), LAST_BITS=PASSES[-1][1], num_warps=warps)
         return vals.view(*lead, k_out), idx.view(*lead, k_out)
 
 
