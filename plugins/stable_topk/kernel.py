@@ -45,17 +45,23 @@ def _ordered_keys(scores_ptr, row, n, ok, N):
 
 
 @triton.jit
+def _chunk_keys(scores_ptr, N, CHUNK: tl.constexpr):
+    """Grid (rows, chunks): this program's row, chunk, chunk count, entry indices, their mask and
+    keys."""
+    row = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    n = p * CHUNK + tl.arange(0, CHUNK)
+    ok = n < N
+    return row, p, tl.num_programs(1), n, ok, _ordered_keys(scores_ptr, row, n, ok, N)
+
+
+@triton.jit
 def radix_digit_pass_kernel(scores_ptr, N, k, hist, state, counter, prog_hist,
                             SHIFT: tl.constexpr, BITS: tl.constexpr, PASS: tl.constexpr,
                             FIRST: tl.constexpr, LAST: tl.constexpr, CHUNK: tl.constexpr):
     """Grid (rows, chunks). state[row] = (prefix of V's key above SHIFT + BITS, entries of the
     k best still to find among those in play)."""
-    row = tl.program_id(0).to(tl.int64)
-    p = tl.program_id(1)
-    n_prog = tl.num_programs(1)
-    n = p * CHUNK + tl.arange(0, CHUNK)
-    ok = n < N
-    key = _ordered_keys(scores_ptr, row, n, ok, N)
+    row, p, n_prog, n, ok, key = _chunk_keys(scores_ptr, N, CHUNK)
     if FIRST:
         prefix = tl.zeros([], dtype=tl.int64)
         k_rem = prefix + k  # (k may arrive as a constant: Triton specialises 1)
@@ -90,12 +96,7 @@ def radix_select_kernel(scores_ptr, N, k, state, counter, prog_hist, sel, vals_p
                         CHUNK: tl.constexpr, KP: tl.constexpr, PP: tl.constexpr, LAST_BITS: tl.constexpr):
     """Grid (rows, chunks): entries above V, then the first equal ones in index order, into sel;
     the last program sorts the k keys (score key, then the reversed index) and emits them."""
-    row = tl.program_id(0).to(tl.int64)
-    p = tl.program_id(1)
-    n_prog = tl.num_programs(1)
-    n = p * CHUNK + tl.arange(0, CHUNK)
-    ok = n < N
-    key = _ordered_keys(scores_ptr, row, n, ok, N)
+    row, p, n_prog, n, ok, key = _chunk_keys(scores_ptr, N, CHUNK)
     v = tl.load(state + row * 2)
     need_eq = tl.load(state + row * 2 + 1)
     n_gt = k - need_eq
