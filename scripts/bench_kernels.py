@@ -199,10 +199,10 @@ def sweep(gen) -> dict:
         sink = torch.randn(HEADS, generator=gen).cuda()
         args = (q, kv, idx, win, wmask, sink, 0.04)
         want = (attn_kernel.SparseAttentionLauncher()(*args),)
-        grid = ([(16, 32, per, 4) for per in (1, 2, 4, 20)] + [(16, 16, 1, 4), (16, 32, 1, 8), (32, 32, 1, 8)]
-                if rows == 1 else [(16, 32, 1, 4), (32, 32, 1, 4), (16, 64, 1, 4)])
-        for bh, bk, per, nw in grid:
-            over = dict(BLOCK_H=bh, BLOCK_K=bk, MIN_BLOCKS_PER_SPLIT=per, num_warps=nw)
+        grid = ([(16, 32, per, 4, 3) for per in (1, 2)] + [(16, 32, 1, 8, 3), (16, 32, 1, 4, 1)]
+                if rows == 1 else [(16, 32, 1, 4, 3), (32, 32, 1, 4, 3), (32, 32, 1, 8, 3), (32, 32, 1, 4, 1)])
+        for bh, bk, per, nw, stages in grid:
+            over = dict(BLOCK_H=bh, BLOCK_K=bk, MIN_BLOCKS_PER_SPLIT=per, num_warps=nw, num_stages=stages)
             _sweep_one(res, f"attn rows={rows} {over}",
                        lambda: attn_kernel.SparseAttentionLauncher(overrides=over), lambda f: f(*args),
                        want, 1e-2, graph=True)
@@ -210,10 +210,11 @@ def sweep(gen) -> dict:
         args = [t.cuda() for t in mhc_inputs(tokens, gen)] + [20, 1e-6, 1e-6]
         want = mhc_kernel.MhcBoundaryLauncher()(*args)
         few = tokens <= 64
-        grid = ([(1, 32, 4), (1, 64, 4), (1, 128, 4), (16, 32, 4)] if few else
-                [(32, 32, 4), (16, 32, 4), (16, 64, 4), (32, 64, 8), (64, 32, 8)])
-        for bt, be, nw in grid:
-            over = dict(BLOCK_E=be, BLOCK_T=bt, num_warps=nw)
+        # num_stages: how deep Triton's software pipeline runs the channel loop's loads
+        grid = ([(1, 32, 4, 3), (1, 64, 4, 3), (1, 32, 4, 1)] if few else
+                [(32, 32, 4, s) for s in (1, 2, 3, 4)] + [(64, 32, 8, 3), (32, 16, 4, 3)])
+        for bt, be, nw, stages in grid:
+            over = dict(BLOCK_E=be, BLOCK_T=bt, num_warps=nw, num_stages=stages)
             _sweep_one(res, f"mhc tokens={tokens} {over}",
                        lambda: mhc_kernel.MhcBoundaryLauncher(overrides=over), lambda f: f(*args),
                        want, 2e-2, graph=few)

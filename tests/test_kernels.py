@@ -81,7 +81,8 @@ def test_index_score_kernel(gen, dtype, b, s, i, j, n):
     (2, 3, 5, 24, 40, 7, 11, 1, {}), (1, 1, 16, 64, 300, 70, 75, 1, {}), (1, 1, 16, 64, 300, 70, 75, 3, {}),
     (1, 4, 3, 130, 9, 3, 2, 2, {}),
     # 6 splits of one block, 2 head blocks (the last one partly masked)
-    (1, 2, 20, 40, 90, 50, 30, 7, {"BLOCK_K": 16, "BLOCK_H": 16})])
+    (1, 2, 20, 40, 90, 50, 30, 7, {"BLOCK_K": 16, "BLOCK_H": 16}),
+    (1, 64, 40, 256, 50, 8, 10, None, {})])  # 64 rows of a wide head: 32 heads per program
 def test_sparse_attention_kernel(gen, dtype, b, s, h, d, n, k, t, n_split, cfg):
     q = torch.randn(b, s, h, d, generator=gen).to(dtype)
     kv = torch.randn(b, n, d, generator=gen).to(dtype)
