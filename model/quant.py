@@ -55,6 +55,21 @@ def fp4_pow2_qat(x: torch.Tensor, block: int = 32) -> torch.Tensor:
     return (round_e2m1((xb / s).clamp(-6.0, 6.0)) * s).flatten(-2).to(x.dtype)
 
 
+def fp4_pow2_pack(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The storage behind fp4_pow2_qat (the release's indexer keys, 68 B per 128-dim entry):
+    e2m1 codes two per byte (even channel in the low nibble; bit 3 = sign, bits 0-2 = the grid
+    index of E2M1_GRID) and each block's power-of-two scale as its int8 exponent.
+    plugins/csa2_index_score/reference.py:unpack_keys_fp4 inverts it: unpack(pack(x)) == qat(x)."""
+    xb = _blocks(x, block)
+    amax = xb.abs().amax(-1, keepdim=True)
+    s = _pow2_ceil(amax.clamp_min(6 * 2.0**-126) / 6.0)
+    v = round_e2m1((xb / s).clamp(-6.0, 6.0)).flatten(-2)
+    grid = torch.tensor(E2M1_GRID, dtype=v.dtype, device=v.device)
+    code = torch.searchsorted(grid, v.abs()) | (torch.signbit(v).long() << 3)
+    packed = (code[..., 0::2] | (code[..., 1::2] << 4)).to(torch.uint8)
+    return packed, (torch.frexp(s)[1] - 1).squeeze(-1).to(torch.int8)
+
+
 def fp4_e4m3scale_qat(x: torch.Tensor, block: int = 16) -> torch.Tensor:
     xb = _blocks(x, block)
     amax = xb.abs().amax(-1, keepdim=True)

@@ -20,6 +20,7 @@ import triton
 import triton.testing
 from tqdm import tqdm
 
+from dsflash.model.quant import fp4_pow2_pack
 from dsflash.plugins.csa2_index_score import kernel as index_kernel
 from dsflash.plugins.csa2_index_score import reference as index_ref
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
@@ -115,6 +116,9 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
         if not torch.equal(topk_kernel(scores, TOPK)[1], stable_topk_reference(scores, TOPK)[1]):
             logging.warning("top-k kernel differs from the stable sort (%s, %d entries)", kind, n)
         out["index_us"] = 1e3 * time_ms(lambda: index_kernel.csa2_index_score(iq, iw, ik, visible), graph=True)
+        codes, exps = fp4_pow2_pack(ik)  # the release's FP4 index keys: 68 B per entry
+        out["index_fp4_us"] = 1e3 * time_ms(
+            lambda: index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible), graph=True)
         scores = index_kernel.csa2_index_score(iq, iw, ik, visible)
         out["topk_us"] = 1e3 * time_ms(lambda: stable_topk_reference(scores, TOPK), graph=True)
         out["topk_kernel_us"] = 1e3 * time_ms(lambda: topk_kernel(scores, TOPK), graph=True)
@@ -321,7 +325,8 @@ def report(res: dict) -> None:
                      f"{f['attn_us']:.1f}] | {ri['layer_us']:6.1f} ({roof / ri['layer_us']:4.1f}x) | "
                      f"{ru['layer_us']:5.1f} ({roof / ru['layer_us']:4.1f}x) | {100 * idx_frac:4.0f}% | "
                      f"{100 * att_frac:4.0f}% | top-k kernel {f['topk_kernel_us']:.1f} (full layer with it "
-                     f"{f['layer_topk_kernel_us']:.1f}), torch.topk {f['torch_topk_us']:.1f}")
+                     f"{f['layer_topk_kernel_us']:.1f}), torch.topk {f['torch_topk_us']:.1f} | index over FP4 "
+                     f"keys {f['index_fp4_us']:.1f}")
     lines.append("Engram gather: case | HBM us, GB/s (% of gather ceiling) | eager us | pinned host GB/s")
     for label, h in res.get("engram", {}).get("hbm", {}).items():
         p = res["engram"]["pinned"][label]

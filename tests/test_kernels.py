@@ -77,6 +77,28 @@ def test_index_score_kernel(gen, dtype, b, s, i, j, n):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b,s,i,j,n", [(2, 3, 3, 32, 70), (1, 1, 17, 128, 130)])
+def test_index_score_fp4_kernel(gen, dtype, b, s, i, j, n):
+    """FP4 keys as stored (model/quant.py:fp4_pow2_pack): unpacking equals the model's QAT
+    round-trip bit for bit, and the kernel matches the reference over the unpacked keys."""
+    from dsflash.model.quant import fp4_pow2_pack, fp4_pow2_qat
+
+    q = torch.randn(b, s, i, j, generator=gen).to(dtype)
+    w = torch.randn(b, s, i, generator=gen)
+    k = torch.randn(b, n, j, generator=gen) * torch.logspace(-4, 4, n).view(1, n, 1)
+    k[0, 0, :32] = 0  # an all-zero block: the smallest scale
+    codes, exps = fp4_pow2_pack(k)
+    assert torch.equal(index_ref.unpack_keys_fp4(codes, exps, torch.float32), fp4_pow2_qat(k))
+    visible = torch.rand(b, s, n, generator=gen) > 0.3
+    visible[-1, -1, : min(n, 64)] = False
+    args = (q, w, codes, exps, visible)
+    got = index_kernel.csa2_index_score_fp4(*_dev(*args))
+    assert_kernel_matches(got, index_ref.csa2_index_score_fp4, args, {}, dtype, "Csa2IndexScore(fp4)")
+    with pytest.raises(ValueError, match="exps has dtype"):
+        index_kernel.csa2_index_score_fp4(*_dev(q, w, codes, exps.int(), visible))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("b,s,h,d,n,k,t,n_split,cfg", [
     (2, 3, 5, 24, 40, 7, 11, 1, {}), (1, 1, 16, 64, 300, 70, 75, 1, {}), (1, 1, 16, 64, 300, 70, 75, 3, {}),
     (1, 4, 3, 130, 9, 3, 2, 2, {}),

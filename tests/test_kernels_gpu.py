@@ -79,6 +79,20 @@ def test_index_score_flash_sizes(gen, s, n):
     assert_kernel_matches(got, index_ref.csa2_index_score, (q, w, k, visible), {}, BF16, "index score")
 
 
+def test_index_score_fp4_keys_flash_sizes(gen):
+    """FP4 index keys as stored in the release (32 heads x 128, 68 B per entry)."""
+    from dsflash.model.quant import fp4_pow2_pack
+
+    q = torch.randn(1, 2, 32, 128, generator=gen).to(BF16)
+    w = torch.randn(1, 2, 32, generator=gen)
+    codes, exps = fp4_pow2_pack(torch.randn(1, 16411, 128, generator=gen))
+    visible = torch.rand(1, 2, 16411, generator=gen) > 0.2
+    args = (q, w, codes, exps, visible)
+    poison_allocator()
+    got = index_kernel.csa2_index_score_fp4(*cuda(*args))
+    assert_kernel_matches(got, index_ref.csa2_index_score_fp4, args, {}, BF16, "index scores fp4")
+
+
 @pytest.mark.parametrize("s", [1, 3, 67])
 def test_sparse_attention_flash_sizes(gen, s):
     n, k, t = 5000, 512, 128 + s

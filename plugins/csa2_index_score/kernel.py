@@ -1,4 +1,4 @@
-"""Csa2IndexScore as one Triton kernel: I[b,s,n] = sum_i w[b,s,i] relu(q[b,s,i,:] . k[b,n,:]),
+"""Csa2IndexScore as a Triton kernel: I[b,s,n] = sum_i w[b,s,i] relu(q[b,s,i,:] . k[b,n,:]),
 -inf where entry n is not visible.
 
 Grid: (B * S query rows, entry blocks of BLOCK_N). Each program loads one block of index keys
@@ -6,6 +6,10 @@ Grid: (B * S query rows, entry blocks of BLOCK_N). Each program loads one block 
 (fp32 accumulate; fp32 inputs use exact IEEE products, not tf32). A block with no visible entry
 (a Reindex layer's candidate pool leaves most blocks out) skips the key load and the products:
 the kernel then reads only the pooled keys, which is what makes hierarchical selection cheap.
+
+`csa2_index_score_fp4` reads the keys as the release stores them (FP4 e2m1 codes with one
+power-of-two scale per 32 channels, model/quant.py:fp4_pow2_pack; 68 B per 128-dim entry, not
+256) and decodes them in registers, exactly; a launch-level variant, not a graph op.
 """
 
 from __future__ import annotations
@@ -18,65 +22,139 @@ from dsflash.plugins.launch import FLOATS, check_device, check_dtype, check_shap
 
 
 @triton.jit
+def _block_scores(keys, q_ptr, w_ptr, b, s, S, I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr):
+    """sum_i w[i] relu(keys . q[i]) for one block of keys [BLOCK_N, BLOCK_J], BLOCK_I heads at a
+    time on the tensor cores."""
+    jj = tl.arange(0, BLOCK_J)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for i0 in tl.static_range(0, I, BLOCK_I):
+        ii = i0 + tl.arange(0, BLOCK_I)
+        imask = ii < I
+        q = tl.load(q_ptr + ((b * S + s) * I + ii[:, None]) * J + jj[None, :],
+                    mask=imask[:, None] & (jj < J)[None, :], other=0.0)
+        if IEEE:
+            dots = tl.dot(keys, tl.trans(q), input_precision="ieee")
+        else:
+            dots = tl.dot(keys, tl.trans(q))
+        w = tl.load(w_ptr + (b * S + s) * I + ii, mask=imask, other=0.0).to(tl.float32)
+        acc += tl.sum(tl.maximum(dots, 0.0) * w[None, :], axis=1)
+    return acc
+
+
+@triton.jit
+def _entry_block(vis_ptr, S, N, BLOCK_N: tl.constexpr):
+    """Grid (B * S query rows, entry blocks): this program's batch, row, entries, their mask and
+    visibility."""
+    row = tl.program_id(0).to(tl.int64)
+    b = row // S
+    s = row % S
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < N
+    return b, s, n, nmask, tl.load(vis_ptr + (b * S + s) * N + n, mask=nmask, other=0) != 0
+
+
+@triton.jit
 def csa2_index_score_kernel(q_ptr, w_ptr, k_ptr, vis_ptr, S, N, out_ptr,
                             I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr):
     # TensorRT's AOT order (inputs, integer scalars, outputs); contiguous tensors, so strides
     # follow from the sizes.
-    row = tl.program_id(0).to(tl.int64)
-    b = row // S
-    s = row % S
-    sq_b, sq_s, sq_i = S * I * J, I * J, J
-    sw_b, sw_s = S * I, I
-    sk_b, sk_n = N * J, J
-    sv_b, sv_s = S * N, N
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < N
-    vis = tl.load(vis_ptr + b * sv_b + s * sv_s + n, mask=nmask, other=0) != 0
+    b, s, n, nmask, vis = _entry_block(vis_ptr, S, N, BLOCK_N)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     if tl.max(vis.to(tl.int32), axis=0) > 0:
         jj = tl.arange(0, BLOCK_J)
-        keys = tl.load(k_ptr + b * sk_b + n[:, None] * sk_n + jj[None, :],
+        keys = tl.load(k_ptr + (b * N + n[:, None]) * J + jj[None, :],
                        mask=nmask[:, None] & (jj < J)[None, :], other=0.0)
-        for i0 in tl.static_range(0, I, BLOCK_I):
-            ii = i0 + tl.arange(0, BLOCK_I)
-            imask = ii < I
-            q = tl.load(q_ptr + b * sq_b + s * sq_s + ii[:, None] * sq_i + jj[None, :],
-                        mask=imask[:, None] & (jj < J)[None, :], other=0.0)
-            if IEEE:
-                dots = tl.dot(keys, tl.trans(q), input_precision="ieee")
-            else:
-                dots = tl.dot(keys, tl.trans(q))
-            w = tl.load(w_ptr + b * sw_b + s * sw_s + ii, mask=imask, other=0.0).to(tl.float32)
-            acc += tl.sum(tl.maximum(dots, 0.0) * w[None, :], axis=1)
-    scores = tl.where(vis, acc, float("-inf"))
-    tl.store(out_ptr + b * sv_b + s * sv_s + n, scores, mask=nmask)
+        acc = _block_scores(keys, q_ptr, w_ptr, b, s, S, I, J, BLOCK_N, BLOCK_I, BLOCK_J, IEEE)
+    tl.store(out_ptr + (b * S + s) * N + n, tl.where(vis, acc, float("-inf")), mask=nmask)
+
+
+@triton.jit
+def _fp4_keys(codes_ptr, exps_ptr, b, n, nmask, N, J: tl.constexpr, BLOCK_J: tl.constexpr, dtype):
+    """Keys [BLOCK_N, BLOCK_J] from e2m1 nibbles (low nibble = even channel, bit 3 = sign) and
+    one power-of-two exponent per 32 channels: grid value x 2^e, exact in fp32 and in bf16."""
+    jj = tl.arange(0, BLOCK_J)
+    m = nmask[:, None] & (jj < J)[None, :]
+    row = b * N + n[:, None]
+    byte = tl.load(codes_ptr + row * (J // 2) + (jj // 2)[None, :], mask=m, other=0).to(tl.int32)
+    nib = (byte >> ((jj % 2) * 4)[None, :]) & 15
+    e = tl.load(exps_ptr + row * (J // 32) + (jj // 32)[None, :], mask=m, other=0).to(tl.int32)
+    code = nib & 7
+    half = (code & 1).to(tl.float32) * 0.5
+    pow2 = (1 << tl.maximum((code >> 1) - 1, 0)).to(tl.float32)
+    mag = tl.where((code >> 1) == 0, half, (1.0 + half) * pow2)  # 0, .5, 1, 1.5, 2, 3, 4, 6
+    scale = ((e + 127) << 23).to(tl.float32, bitcast=True)  # 2^e; the packer keeps e >= -126
+    return (tl.where((nib & 8) != 0, -mag, mag) * scale).to(dtype)
+
+
+@triton.jit
+def csa2_index_score_fp4_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, vis_ptr, S, N, out_ptr,
+                                I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr,
+                                BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr):
+    """The same scores with the keys read as stored in the release: 68 B per 128-dim entry
+    (64 B of codes, 4 exponents) instead of 256, decoded in registers."""
+    b, s, n, nmask, vis = _entry_block(vis_ptr, S, N, BLOCK_N)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if tl.max(vis.to(tl.int32), axis=0) > 0:
+        keys = _fp4_keys(codes_ptr, exps_ptr, b, n, nmask, N, J, BLOCK_J, q_ptr.dtype.element_ty)
+        acc = _block_scores(keys, q_ptr, w_ptr, b, s, S, I, J, BLOCK_N, BLOCK_I, BLOCK_J, IEEE)
+    tl.store(out_ptr + (b * S + s) * N + n, tl.where(vis, acc, float("-inf")), mask=nmask)
+
+
+def _check(op, q_BSIJ, w_BSI, n, visible_BSN):
+    check_shape(op, "q", q_BSIJ, (None, None, None, None))
+    b, s, i, j = q_BSIJ.shape
+    check_shape(op, "w", w_BSI, (b, s, i))
+    check_shape(op, "visible", visible_BSN, (b, s, n))
+    for name, t in (("q", q_BSIJ), ("w", w_BSI)):
+        check_dtype(op, name, t, FLOATS)
+    check_dtype(op, "visible", visible_BSN, (torch.bool,))
+    require(j <= 256, f"{op}: index_head_dim {j} > 256, the largest the kernel keeps in registers")
+
+
+def _launch(kernel, q_BSIJ, w_BSI, keys: tuple, n: int, visible_BSN):
+    b, s, i, j = q_BSIJ.shape
+    q, w, vis = q_BSIJ.contiguous(), w_BSI.contiguous(), visible_BSN.contiguous().view(torch.uint8)
+    out = torch.empty(b, s, n, dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out
+    cfg = launch_config(i, j, q.dtype)
+    kernel[(b * s, triton.cdiv(n, cfg["BLOCK_N"]))](q, w, *(k.contiguous() for k in keys), vis, s, n, out,
+                                                   I=i, J=j, **cfg)
+    return out
 
 
 def csa2_index_score(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: torch.Tensor,
                      visible_BSN: torch.Tensor) -> torch.Tensor:
     op = "Csa2IndexScore"
     check_shape(op, "q", q_BSIJ, (None, None, None, None))
-    b, s, i, j = q_BSIJ.shape
-    check_shape(op, "w", w_BSI, (b, s, i))
+    b, _, _, j = q_BSIJ.shape
     check_shape(op, "k", k_BNJ, (b, None, j))
-    n = k_BNJ.shape[1]
-    check_shape(op, "visible", visible_BSN, (b, s, n))
-    for name, t in (("q", q_BSIJ), ("w", w_BSI), ("k", k_BNJ)):
-        check_dtype(op, name, t, FLOATS)
+    _check(op, q_BSIJ, w_BSI, k_BNJ.shape[1], visible_BSN)
+    check_dtype(op, "k", k_BNJ, FLOATS)
     require(q_BSIJ.dtype == k_BNJ.dtype, f"{op}: q is {q_BSIJ.dtype} but k is {k_BNJ.dtype}")
-    check_dtype(op, "visible", visible_BSN, (torch.bool,))
-    require(j <= 256, f"{op}: index_head_dim {j} > 256, the largest the kernel keeps in registers")
     check_device(op, q=q_BSIJ, w=w_BSI, k=k_BNJ, visible=visible_BSN)
-    q, k = q_BSIJ.contiguous(), k_BNJ.contiguous()
-    w, vis = w_BSI.contiguous(), visible_BSN.contiguous().view(torch.uint8)
-    out = torch.empty(b, s, n, dtype=torch.float32, device=q.device)
-    if out.numel() == 0:
-        return out
-    cfg = launch_config(i, j, q.dtype)
-    grid = (b * s, triton.cdiv(n, cfg["BLOCK_N"]))
-    csa2_index_score_kernel[grid](q, w, k, vis, s, n, out, I=i, J=j, **cfg)
-    return out
+    return _launch(csa2_index_score_kernel, q_BSIJ, w_BSI, (k_BNJ,), k_BNJ.shape[1], visible_BSN)
+
+
+def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: torch.Tensor,
+                         exps_BNG: torch.Tensor, visible_BSN: torch.Tensor) -> torch.Tensor:
+    """The reference's (reference.py:csa2_index_score_fp4) signature: keys as FP4 codes [B, N, J/2]
+    (uint8) with one int8 exponent per 32 channels [B, N, J/32] (model/quant.py:fp4_pow2_pack)."""
+    op = "Csa2IndexScore(fp4)"
+    check_shape(op, "q", q_BSIJ, (None, None, None, None))
+    b, _, _, j = q_BSIJ.shape
+    require(j % 32 == 0, f"{op}: index_head_dim {j} is not a multiple of 32 (one scale per 32 channels)")
+    check_shape(op, "codes", codes_BNH, (b, None, j // 2))
+    n = codes_BNH.shape[1]
+    check_shape(op, "exps", exps_BNG, (b, n, j // 32))
+    _check(op, q_BSIJ, w_BSI, n, visible_BSN)
+    check_dtype(op, "q", q_BSIJ, (torch.bfloat16, torch.float16, torch.float32))
+    check_dtype(op, "codes", codes_BNH, (torch.uint8,))
+    check_dtype(op, "exps", exps_BNG, (torch.int8,))
+    check_device(op, q=q_BSIJ, w=w_BSI, codes=codes_BNH, exps=exps_BNG, visible=visible_BSN)
+    return _launch(csa2_index_score_fp4_kernel, q_BSIJ, w_BSI, (codes_BNH, exps_BNG), n, visible_BSN)
 
 
 def launch_config(heads: int, dim: int, dtype: torch.dtype) -> dict:

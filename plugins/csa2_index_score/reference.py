@@ -18,5 +18,26 @@ def csa2_index_score(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: torch.Ten
     return scores.masked_fill(~visible_BSN, float("-inf"))
 
 
+E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the e2m1 magnitudes, as model/quant.py
+
+
+def unpack_keys_fp4(codes_BNH: torch.Tensor, exps_BNG: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """FP4 index keys (model/quant.py:fp4_pow2_pack: e2m1 codes two per byte, low nibble first,
+    bit 3 the sign; one power-of-two exponent per 32 channels) -> keys [B, N, J] in dtype, exact
+    (a grid value times a power of two, formed in fp32)."""
+    nib = torch.stack([codes_BNH & 15, codes_BNH >> 4], dim=-1).flatten(-2).long()
+    grid = torch.tensor(E2M1_GRID, dtype=torch.float32, device=codes_BNH.device)
+    mag = grid[nib & 7]
+    val = torch.where((nib & 8) != 0, -mag, mag)
+    scale = torch.ldexp(torch.ones_like(exps_BNG, dtype=torch.float32), exps_BNG.int())
+    return (val * scale.repeat_interleave(32, dim=-1)).to(dtype)
+
+
+def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: torch.Tensor,
+                         exps_BNG: torch.Tensor, visible_BSN: torch.Tensor) -> torch.Tensor:
+    """The same scores over FP4 keys as stored in the release (68 B per entry instead of 256)."""
+    return csa2_index_score(q_BSIJ, w_BSI, unpack_keys_fp4(codes_BNH, exps_BNG, q_BSIJ.dtype), visible_BSN)
+
+
 def shape(q_shape, w_shape, k_shape, visible_shape):
     return [(q_shape[0], q_shape[1], k_shape[1])]
