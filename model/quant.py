@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from dsflash.model.dtypes import f32
+from dsflash.plugins.dtypes import E2M1_GRID
 
 E4M3_MAX = 448.0
-E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
@@ -48,11 +48,17 @@ def fp8_e4m3_qat(x: torch.Tensor, block: int = 32) -> torch.Tensor:
     return (q * s).flatten(-2).to(x.dtype)
 
 
-def fp4_pow2_qat(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+def _fp4_pow2(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e2m1 grid values [..., blocks, block], power-of-two scales [..., blocks, 1])."""
     xb = _blocks(x, block)
     amax = xb.abs().amax(-1, keepdim=True)
     s = _pow2_ceil(amax.clamp_min(6 * 2.0**-126) / 6.0)
-    return (round_e2m1((xb / s).clamp(-6.0, 6.0)) * s).flatten(-2).to(x.dtype)
+    return round_e2m1((xb / s).clamp(-6.0, 6.0)), s
+
+
+def fp4_pow2_qat(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    v, s = _fp4_pow2(x, block)
+    return (v * s).flatten(-2).to(x.dtype)
 
 
 def fp4_pow2_pack(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,10 +66,8 @@ def fp4_pow2_pack(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch
     e2m1 codes two per byte (even channel in the low nibble; bit 3 = sign, bits 0-2 = the grid
     index of E2M1_GRID) and each block's power-of-two scale as its int8 exponent.
     plugins/csa2_index_score/reference.py:unpack_keys_fp4 inverts it: unpack(pack(x)) == qat(x)."""
-    xb = _blocks(x, block)
-    amax = xb.abs().amax(-1, keepdim=True)
-    s = _pow2_ceil(amax.clamp_min(6 * 2.0**-126) / 6.0)
-    v = round_e2m1((xb / s).clamp(-6.0, 6.0)).flatten(-2)
+    v, s = _fp4_pow2(x, block)
+    v = v.flatten(-2)
     grid = torch.tensor(E2M1_GRID, dtype=v.dtype, device=v.device)
     code = torch.searchsorted(grid, v.abs()) | (torch.signbit(v).long() << 3)
     packed = (code[..., 0::2] | (code[..., 1::2] << 4)).to(torch.uint8)

@@ -89,6 +89,7 @@ def test_index_score_fp4_kernel(gen, dtype, b, s, i, j, n):
     k[0, 0, :32] = 0  # an all-zero block: the smallest scale
     codes, exps = fp4_pow2_pack(k)
     assert torch.equal(index_ref.unpack_keys_fp4(codes, exps, torch.float32), fp4_pow2_qat(k))
+    exps[-1, 2, -1] = 60  # any int8 exponent decodes as the reference does (tiny ones below)
     visible = torch.rand(b, s, n, generator=gen) > 0.3
     visible[-1, -1, : min(n, 64)] = False
     args = (q, w, codes, exps, visible)
@@ -98,13 +99,25 @@ def test_index_score_fp4_kernel(gen, dtype, b, s, i, j, n):
         index_kernel.csa2_index_score_fp4(*_dev(q, w, codes, exps.int(), visible))
 
 
+def test_index_score_fp4_subnormal_scales(gen):
+    """Exponents below -126 (never packed, still valid int8) give the reference's subnormal keys."""
+    q = torch.ones(1, 1, 16, 32)
+    w = torch.ones(1, 1, 16)
+    codes = torch.full((1, 3, 16), 0x22, dtype=torch.uint8)  # every channel 1.0
+    exps = torch.tensor([[[-128], [-127], [-126]]], dtype=torch.int8)
+    visible = torch.ones(1, 1, 3, dtype=torch.bool)
+    want = index_ref.csa2_index_score_fp4(q, w, codes, exps, visible)
+    got = index_kernel.csa2_index_score_fp4(*_dev(q, w, codes, exps, visible))
+    assert torch.all(want > 0) and torch.equal(got.cpu(), want)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("b,s,h,d,n,k,t,n_split,cfg", [
     (2, 3, 5, 24, 40, 7, 11, 1, {}), (1, 1, 16, 64, 300, 70, 75, 1, {}), (1, 1, 16, 64, 300, 70, 75, 3, {}),
     (1, 4, 3, 130, 9, 3, 2, 2, {}),
     # 6 splits of one block, 2 head blocks (the last one partly masked)
     (1, 2, 20, 40, 90, 50, 30, 7, {"BLOCK_K": 16, "BLOCK_H": 16}),
-    (1, 64, 40, 256, 50, 8, 10, None, {})])  # 64 rows of a wide head: 32 heads per program
+    (1, 64, 40, 256, 50, 8, 10, None, {})])  # 64 rows of a wide head, 3 head blocks
 def test_sparse_attention_kernel(gen, dtype, b, s, h, d, n, k, t, n_split, cfg):
     q = torch.randn(b, s, h, d, generator=gen).to(dtype)
     kv = torch.randn(b, n, d, generator=gen).to(dtype)

@@ -84,8 +84,11 @@ def _fp4_keys(codes_ptr, exps_ptr, b, n, nmask, N, J: tl.constexpr, BLOCK_J: tl.
     half = (code & 1).to(tl.float32) * 0.5
     pow2 = (1 << tl.maximum((code >> 1) - 1, 0)).to(tl.float32)
     mag = tl.where((code >> 1) == 0, half, (1.0 + half) * pow2)  # 0, .5, 1, 1.5, 2, 3, 4, 6
-    scale = ((e + 127) << 23).to(tl.float32, bitcast=True)  # 2^e; the packer keeps e >= -126
-    return (tl.where((nib & 8) != 0, -mag, mag) * scale).to(dtype)
+    # 2^e for every int8 e, exactly: two normal powers of two (2^max(e, -126) * 2^min(e + 126, 0)),
+    # so exponents below -126 (never written by the packer) give the reference's subnormals
+    hi_pow = ((tl.maximum(e, -126) + 127) << 23).to(tl.float32, bitcast=True)
+    lo_pow = ((tl.minimum(e + 126, 0) + 127) << 23).to(tl.float32, bitcast=True)
+    return (tl.where((nib & 8) != 0, -mag, mag) * hi_pow * lo_pow).to(dtype)
 
 
 @triton.jit

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from dsflash.plugins.dtypes import f32
+from dsflash.plugins.dtypes import E2M1_GRID, f32
 
 
 def csa2_index_score(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: torch.Tensor,
@@ -16,9 +16,6 @@ def csa2_index_score(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: torch.Ten
     dots = torch.einsum("bsij,bnj->bsin", f32(q_BSIJ), f32(k_BNJ)).relu()
     scores = torch.einsum("bsin,bsi->bsn", dots, f32(w_BSI))
     return scores.masked_fill(~visible_BSN, float("-inf"))
-
-
-E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the e2m1 magnitudes, as model/quant.py
 
 
 def unpack_keys_fp4(codes_BNH: torch.Tensor, exps_BNG: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -176,13 +176,15 @@ class SparseAttentionLauncher(LauncherBase):
         out = torch.empty_like(q)
         if out.numel() == 0:
             return out
-        cfg = launch_config(h, d, q.dtype, rows=b * s) | self._overrides
+        cfg = launch_config(h, d, q.dtype) | self._overrides
         per_min = cfg.pop("MIN_BLOCKS_PER_SPLIT")
         h_blocks = triton.cdiv(h, cfg["BLOCK_H"])
         pairs = b * s * h_blocks
         n_blocks = triton.cdiv(idx.shape[2], cfg["BLOCK_K"]) + triton.cdiv(t, cfg["BLOCK_K"])
         if n_split is None:  # split keys only until the grid covers the GPU twice
             n_split = max(1, min(triton.cdiv(n_blocks, per_min), triton.cdiv(2 * self._sms(q.device), pairs)))
+        # the combine kernel holds [NSP, BLOCK_D] partials in registers: at most 16K values
+        n_split = min(n_split, max(1, 16384 // cfg["BLOCK_D"]))
         per = triton.cdiv(n_blocks, max(1, n_split))
         n_split = triton.cdiv(n_blocks, per)
         split = n_split > 1
@@ -206,14 +208,15 @@ def csa2_sparse_attention(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_BSK: t
     return SparseAttentionLauncher()(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale)
 
 
-def launch_config(heads: int, dim: int, dtype: torch.dtype, rows: int = 1) -> dict:
+def launch_config(heads: int, dim: int, dtype: torch.dtype) -> dict:
     """Block sizes and warps, shared by the JIT launch and the AOT compile (trt.py, which has no
     workspace and so never splits keys). For head_dim 512 the H200 sweeps (docs/benchmarks.md)
     put 16 heads x 32 keys x 4 warps first, with one key block per split at decode (20 splits:
-    8.6 us; 2 blocks 10.5 us, 4 blocks 15.0 us, no split 28.5 us; 32 heads 10.1 us), and 32 heads
-    per program first at 64 rows (75.8 us; 16 heads 83.3 us)."""
+    8.6 us; 2 blocks 10.5 us, 4 blocks 15.0 us, no split 28.5 us; 32 heads 10.1 us). At 64 rows
+    32 heads per program ran faster (75.8 us vs 83.3 us) but has not been through the GPU tests,
+    so 16 stays."""
     block_d = next_pow2(dim, 16)
     wide = block_d >= 256
-    block_h = (32 if rows >= 64 else 16) if wide else min(next_pow2(heads, 16), 64)
+    block_h = 16 if wide else min(next_pow2(heads, 16), 64)
     return dict(BLOCK_H=block_h, BLOCK_K=32 if wide else 64, BLOCK_D=block_d, MIN_BLOCKS_PER_SPLIT=1,
                 IEEE=dtype == torch.float32, num_warps=4)

@@ -12,6 +12,9 @@ per-program counts give each program how many equal entries come before its chun
 program sorts the k selected by (key, then lower index) and writes indices and values. That is
 the reference's stable order exactly.
 
+NaN scores are not checked (that would sync the host every call) and do not order as the
+reference's sort orders them; index scores are finite or -inf.
+
 The first version (bitonic tl.topk per 8K-entry chunk, merged by one program) was bit-exact on
 the H200 but took 182 us at 128K entries, three times the stable sort (docs/benchmarks.md).
 """
