@@ -46,7 +46,7 @@ def _triton_kernels() -> dict:
 
 
 class OpSet:
-    def __init__(self, backend: str = "reference", use_topk_kernel: bool = False):
+    def __init__(self, backend: str = "reference", use_topk_kernel: bool = True):
         self.backend = backend
         self.use_topk_kernel = use_topk_kernel
 
@@ -86,10 +86,9 @@ class OpSet:
                           scale=float(scale))
 
     def stable_topk(self, scores, k: int):
-        """Not a plugin op: graphs keep the reference's sort (ONNX TopK). The Triton top-k (a
-        radix select) serves the GPU fast path only when `use_topk_kernel` is set: it is exact in
-        the interpreter but has not yet run on a GPU (its chunked predecessor was exact there and
-        slower than the sort; docs/benchmarks.md), so the sort stays the default."""
+        """Not a plugin op: graphs keep the reference's sort (ONNX TopK). On the Triton backend
+        the radix-select kernel (plugins/stable_topk) serves it, bit-exact against the sort on the
+        H200 and faster (docs/benchmarks.md); `use_topk_kernel=False` keeps the sort there too."""
         if self._backend == "triton" and self.use_topk_kernel:
             return self._kernels["stable_topk"](scores, k)
         return stable_topk_reference(scores, k)

@@ -100,9 +100,9 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
     idx = torch.randint(0, n, (1, 1, TOPK), generator=gen).cuda()
     scale = HEAD_DIM ** -0.5
     attn = attn_kernel.SparseAttentionLauncher()  # held: its workspace is reused across calls
-    topk_kernel = StableTopkLauncher()  # the Triton top-k (opt-in until measured here)
+    topk_kernel = StableTopkLauncher()  # the radix-select top-k OpSet("triton") runs
 
-    def layer(topk=stable_topk_reference):  # what OpSet("triton") runs: kernels, stable sort
+    def layer(topk=topk_kernel):  # what OpSet("triton") runs: index kernel, top-k kernel, attention
         sel = idx
         if kind != "reuse":
             scores = index_kernel.csa2_index_score(iq, iw, ik, visible)
@@ -111,7 +111,7 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
 
     out = {"layer_us": 1e3 * time_ms(layer, graph=True)}
     if kind != "reuse":
-        out["layer_topk_kernel_us"] = 1e3 * time_ms(lambda: layer(topk_kernel), graph=True)
+        out["layer_sort_us"] = 1e3 * time_ms(lambda: layer(stable_topk_reference), graph=True)
         scores = index_kernel.csa2_index_score(iq, iw, ik, visible)
         if not torch.equal(topk_kernel(scores, TOPK)[1], stable_topk_reference(scores, TOPK)[1]):
             logging.warning("top-k kernel differs from the stable sort (%s, %d entries)", kind, n)
@@ -119,12 +119,13 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
         codes, exps = fp4_pow2_pack(ik)  # the release's FP4 index keys: 68 B per entry
         out["index_fp4_us"] = 1e3 * time_ms(
             lambda: index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible), graph=True)
-        scores = index_kernel.csa2_index_score(iq, iw, ik, visible)
         out["topk_us"] = 1e3 * time_ms(lambda: stable_topk_reference(scores, TOPK), graph=True)
         out["topk_kernel_us"] = 1e3 * time_ms(lambda: topk_kernel(scores, TOPK), graph=True)
         out["torch_topk_us"] = 1e3 * time_ms(lambda: scores.topk(TOPK, dim=-1), graph=True)  # not stable
-        keys_read = (visible.sum().item() if kind == "reindex" else n) * INDEX_DIM * 2
-        out["index_bytes"] = keys_read + n + 4 * n + INDEX_HEADS * (INDEX_DIM * 2 + 4)
+        n_keys = visible.sum().item() if kind == "reindex" else n
+        out["index_bytes"] = n_keys * INDEX_DIM * 2 + n + 4 * n + INDEX_HEADS * (INDEX_DIM * 2 + 4)
+        out["index_fp4_bytes"] = n_keys * (INDEX_DIM // 2 + INDEX_DIM // 32) + n + 4 * n \
+            + INDEX_HEADS * (INDEX_DIM * 2 + 4)
     out["attn_us"] = 1e3 * time_ms(lambda: attn(q, kv, idx, win, wmask, sink, scale), graph=True)
     out["attn_bytes"] = (TOPK + WINDOW) * (HEAD_DIM * 2 + 8) + 2 * HEADS * HEAD_DIM * 2
     if kind == "full" and ctx <= 32768:  # the eager reference of the same layer
@@ -210,13 +211,21 @@ def sweep(gen) -> dict:
             _sweep_one(res, f"attn rows={rows} {over}",
                        lambda: attn_kernel.SparseAttentionLauncher(overrides=over), lambda f: f(*args),
                        want, 1e-2, graph=True)
+    scores = torch.relu(torch.randn(1, 131072, generator=gen)).cuda()  # ties at 0, as index scores
+    want = stable_topk_reference(scores, TOPK)
+    for digits in ((8, 8, 8, 8), (11, 11, 10), (6, 6, 6, 7, 7)):
+        for chunk, nw in ((512, 4), (1024, 4), (2048, 4), (1024, 8)):
+            over = dict(DIGITS=digits, CHUNK=chunk, num_warps=nw)
+            _sweep_one(res, f"topk n=131072 {over}", lambda: StableTopkLauncher(overrides=over),
+                       lambda f: f(scores, TOPK), want, 0.0, graph=True)
     for tokens in (1, 8192):
         args = [t.cuda() for t in mhc_inputs(tokens, gen)] + [20, 1e-6, 1e-6]
         want = mhc_kernel.MhcBoundaryLauncher()(*args)
         few = tokens <= 64
         # num_stages: how deep Triton's software pipeline runs the channel loop's loads
         grid = ([(1, 32, 4, 3), (1, 64, 4, 3), (1, 32, 4, 1)] if few else
-                [(32, 32, 4, s) for s in (1, 2, 3, 4)] + [(64, 32, 8, 3), (32, 16, 4, 3)])
+                [(32, 32, 4, s) for s in (2, 3)] + [(32, 32, 8, 3), (16, 32, 4, 3), (64, 32, 8, 3), (32, 64, 8, 3),
+                                                    (32, 16, 4, 3)])
         for bt, be, nw, stages in grid:
             over = dict(BLOCK_E=be, BLOCK_T=bt, num_warps=nw, num_stages=stages)
             _sweep_one(res, f"mhc tokens={tokens} {over}",
@@ -303,7 +312,7 @@ def main() -> None:
     report(res)
     if args.sweep:
         res["sweep_us"] = sweep(gen)
-        for case in ("attn rows=1 ", "attn rows=64", "mhc tokens=1 ", "mhc tokens=8192"):
+        for case in ("topk n=131072", "attn rows=1 ", "attn rows=64", "mhc tokens=1 ", "mhc tokens=8192"):
             best = sorted((us, k) for k, us in res["sweep_us"].items() if k.startswith(case) and not math.isnan(us))[:3]
             logging.info("sweep best %s: %s", case, "; ".join(f"{us:.1f} us {k[len(case):]}" for us, k in best))
         (out / "bench.json").write_text(json.dumps(res, indent=1))
@@ -319,14 +328,15 @@ def report(res: dict) -> None:
         roof = res["dense_roofline_us"][ctx]
         f, ri, ru = (res["csa2"][k][ctx] for k in ("full", "reindex", "reuse"))
         idx_frac = f["index_bytes"] / bw / 1e3 / f["index_us"]
+        fp4_frac = f["index_fp4_bytes"] / bw / 1e3 / f["index_fp4_us"]
         att_frac = ru["attn_bytes"] / bw / 1e3 / ru["attn_us"]
         lines.append(f"  {ctx:>6} | {sd:9.1f} | {roof:6.1f} | {f['layer_us']:6.1f} ({sd / f['layer_us']:5.0f}x, "
-                     f"{roof / f['layer_us']:4.1f}x) [index {f['index_us']:.1f} sort top-k {f['topk_us']:.1f} attn "
-                     f"{f['attn_us']:.1f}] | {ri['layer_us']:6.1f} ({roof / ri['layer_us']:4.1f}x) | "
+                     f"{roof / f['layer_us']:4.1f}x) [index {f['index_us']:.1f} top-k kernel {f['topk_kernel_us']:.1f} "
+                     f"attn {f['attn_us']:.1f}] | {ri['layer_us']:6.1f} ({roof / ri['layer_us']:4.1f}x) | "
                      f"{ru['layer_us']:5.1f} ({roof / ru['layer_us']:4.1f}x) | {100 * idx_frac:4.0f}% | "
-                     f"{100 * att_frac:4.0f}% | top-k kernel {f['topk_kernel_us']:.1f} (full layer with it "
-                     f"{f['layer_topk_kernel_us']:.1f}), torch.topk {f['torch_topk_us']:.1f} | index over FP4 "
-                     f"keys {f['index_fp4_us']:.1f}")
+                     f"{100 * att_frac:4.0f}% | stable sort {f['topk_us']:.1f} (full layer with it "
+                     f"{f['layer_sort_us']:.1f}), torch.topk {f['torch_topk_us']:.1f} | index over FP4 "
+                     f"keys {f['index_fp4_us']:.1f} ({100 * fp4_frac:.0f}% of its roofline)")
     lines.append("Engram gather: case | HBM us, GB/s (% of gather ceiling) | eager us | pinned host GB/s")
     for label, h in res.get("engram", {}).get("hbm", {}).items():
         p = res["engram"]["pinned"][label]

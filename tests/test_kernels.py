@@ -77,7 +77,7 @@ def test_index_score_kernel(gen, dtype, b, s, i, j, n):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("b,s,i,j,n", [(2, 3, 3, 32, 70), (1, 1, 17, 128, 130)])
+@pytest.mark.parametrize("b,s,i,j,n", [(2, 3, 3, 32, 70), (1, 1, 17, 128, 130), (1, 2, 5, 96, 40)])
 def test_index_score_fp4_kernel(gen, dtype, b, s, i, j, n):
     """FP4 keys as stored (model/quant.py:fp4_pow2_pack): unpacking equals the model's QAT
     round-trip bit for bit, and the kernel matches the reference over the unpacked keys."""
@@ -187,17 +187,20 @@ def test_tiny_model_runs_on_the_kernels(tiny_cfg, gen, topk_kernel):
 
 @pytest.mark.parametrize("rows,n,k,chunk", [(3, 50, 4, None), (2, 300, 8, 64), (1, 1000, 16, 128), (2, 5, 8, None),
                                             (1, 3000, 100, 256), (2, 700, 1, 128), (1, 64, 64, 16)])
-def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk):
+@pytest.mark.parametrize("digits", [None, (11, 11, 10), (5, 9, 7, 11)])
+def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk, digits):
     """Same indices and values as the stable sort, bit for bit: ties (ReLU zeros, rounded
     values) to the lower index across chunks, -inf / +inf, k > N, k = 1, k = N, several chunks,
-    twice on one launcher (its histograms and counters must clear)."""
+    twice on one launcher (its histograms and counters must clear), for the default digit
+    schedule and two others (fewer, wider passes; uneven widths)."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
     scores = torch.relu(torch.randn(rows, n, generator=gen)).round(decimals=1)
     scores[0, ::7] = float("-inf")
     scores[-1, 3] = float("inf")
-    launcher = topk_kernel.StableTopkLauncher(overrides={"CHUNK": chunk} if chunk else None)
+    over = ({"CHUNK": chunk} if chunk else {}) | ({"DIGITS": digits} if digits else {})
+    launcher = topk_kernel.StableTopkLauncher(overrides=over)
     want_v, want_i = topk_ref.stable_topk(scores, k)
     for _ in range(2):
         got_v, got_i = launcher(*_dev(scores), k)

@@ -1,11 +1,11 @@
 """Stable top-k as a radix select over all SMs (decode sizes: a few rows of up to ~1M scores,
-k up to 8192), in four launches that each read the scores once.
+k up to 8192), in one launch per digit pass plus a select launch, each reading the scores once.
 
 Each score maps to an order-preserving 32-bit key (after clamping +-inf to the largest finite
-values, as the reference sorts). Three digit passes find V, the key of the k-th best entry,
-11 + 11 + 10 bits at a time: every program histograms the digit of its entries still in play (the
-higher bits equal the prefix found so far) with tl.histogram and adds it into the row's
-histogram with atomics; the last program of the row (a counter) picks the digit that holds the
+values, as the reference sorts). The digit passes find V, the key of the k-th best entry, a few
+bits at a time (DIGITS: 8 + 8 + 8 + 8 by default): every program histograms the digit of its
+entries still in play (the higher bits equal the prefix found so far) with tl.histogram and adds
+it into the row's histogram with atomics; the last program of the row (a counter) picks the digit that holds the
 k-th entry, narrows the prefix and clears the histogram. The select pass then writes every
 entry above V and the first (k - #above) entries equal to V in index order (the last pass's
 per-program counts give each program how many equal entries come before its chunk); its last
@@ -15,8 +15,13 @@ the reference's stable order exactly.
 NaN scores are not checked (that would sync the host every call) and do not order as the
 reference's sort orders them; index scores are finite or -inf.
 
-The first version (bitonic tl.topk per 8K-entry chunk, merged by one program) was bit-exact on
-the H200 but took 182 us at 128K entries, three times the stable sort (docs/benchmarks.md).
+Why 8-bit digits on 1K-entry chunks: tl.histogram builds each warp's histogram from one ballot
+per digit bit, and then every thread popcounts the bins it owns, so its cost per entry grows
+with bins / 32 x bits. The first radix version (11/11/10-bit digits, 4K-entry chunks, 8 warps:
+~64 owned bins x 12 steps per entry) ran 70 us at 128K entries on the H200, slower than the
+stable sort (59 us); 256 bins cost ~1/10 of that per entry, for one more launch. The version
+before it (bitonic tl.topk per 8K-entry chunk, merged by one program) took 182 us
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -30,11 +35,18 @@ from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_ref
 
 # constants the kernels read (Triton only lets jit code see constexpr globals)
 BIG = tl.constexpr(3.4028234663852886e38)  # float32 max: the reference clamps +-inf to it
-HIST_BINS = tl.constexpr(2048)
-SLOTS = tl.constexpr(8)  # counters per row: one per digit pass, the select pass's allocation and its finish
-# (shift, bits) of the three digit passes over the 32-bit key, most significant first; 11-bit
-# digits keep the last program's histogram arithmetic in registers (ptxas, sm_90: 12 bits spill)
-PASSES = ((21, 11), (10, 11), (0, 10))
+# digit widths of the passes over the 32-bit key, most significant first (the launch default;
+# `DIGITS` in the overrides for a sweep). Up to 11 bits: the last program's histogram arithmetic
+# stays in registers (ptxas, sm_90: 12 bits spill).
+DIGITS = (8, 8, 8, 8)
+
+
+def digit_passes(digits: tuple) -> tuple:
+    """(shift, bits) per pass, most significant first; the widths must add up to 32."""
+    require(sum(digits) == 32 and all(1 <= d <= 11 for d in digits),
+            f"StableTopk: digit widths {digits} must be 1..11 bits each and add up to 32")
+    shifts = [32 - sum(digits[:i + 1]) for i in range(len(digits))]
+    return tuple(zip(shifts, digits))
 
 
 @triton.jit
@@ -61,9 +73,11 @@ def _chunk_keys(scores_ptr, N, CHUNK: tl.constexpr):
 @triton.jit
 def radix_digit_pass_kernel(scores_ptr, N, k, hist, state, counter, prog_hist,
                             SHIFT: tl.constexpr, BITS: tl.constexpr, PASS: tl.constexpr,
-                            FIRST: tl.constexpr, LAST: tl.constexpr, CHUNK: tl.constexpr):
+                            FIRST: tl.constexpr, LAST: tl.constexpr, CHUNK: tl.constexpr,
+                            HIST_BINS: tl.constexpr, SLOTS: tl.constexpr):
     """Grid (rows, chunks). state[row] = (prefix of V's key above SHIFT + BITS, entries of the
-    k best still to find among those in play)."""
+    k best still to find among those in play). hist rows hold HIST_BINS (the widest digit's
+    bins); counter rows SLOTS (one per pass, then the select pass's two)."""
     row, p, n_prog, n, ok, key = _chunk_keys(scores_ptr, N, CHUNK)
     if FIRST:
         prefix = tl.zeros([], dtype=tl.int64)
@@ -96,7 +110,8 @@ def radix_digit_pass_kernel(scores_ptr, N, k, hist, state, counter, prog_hist,
 
 @triton.jit
 def radix_select_kernel(scores_ptr, N, k, state, counter, prog_hist, sel, vals_ptr, idx_ptr,
-                        CHUNK: tl.constexpr, KP: tl.constexpr, PP: tl.constexpr, LAST_BITS: tl.constexpr):
+                        CHUNK: tl.constexpr, KP: tl.constexpr, PP: tl.constexpr, LAST_BITS: tl.constexpr,
+                        SLOTS: tl.constexpr, ALLOC: tl.constexpr):
     """Grid (rows, chunks): entries above V, then the first equal ones in index order, into sel;
     the last program sorts the k keys (score key, then the reversed index) and emits them."""
     row, p, n_prog, n, ok, key = _chunk_keys(scores_ptr, N, CHUNK)
@@ -111,19 +126,19 @@ def radix_select_kernel(scores_ptr, N, k, state, counter, prog_hist, sel, vals_p
                      other=0)
     eq_rank = tl.sum(before, axis=0) + tl.cumsum(eq.to(tl.int32), axis=0) - 1
     take_eq = eq & (eq_rank < need_eq)
-    base = tl.atomic_add(counter + row * SLOTS + 3, tl.sum(gt.to(tl.int32), axis=0))  # a run of slots
+    base = tl.atomic_add(counter + row * SLOTS + ALLOC, tl.sum(gt.to(tl.int32), axis=0))  # a run of slots
     gt_rank = base + tl.cumsum(gt.to(tl.int32), axis=0) - 1
     full = ((key << 32) | (0xFFFFFFFF - n.to(tl.int64))).to(tl.uint64)  # unique: best, then lowest index
     tl.store(sel + row * KP + gt_rank, full, mask=gt)
     tl.store(sel + row * KP + n_gt + eq_rank, full, mask=take_eq)
     tl.debug_barrier()  # every thread's keys are written before the counter moves
-    done = tl.atomic_add(counter + row * SLOTS + 4, 1)  # acq_rel at GPU scope
+    done = tl.atomic_add(counter + row * SLOTS + ALLOC + 1, 1)  # acq_rel at GPU scope
     if done == n_prog - 1:
         kk = tl.arange(0, KP)
         cand = tl.load(sel + row * KP + kk, mask=kk < k, other=0, cache_modifier=".cg")
         top = tl.sort(cand, descending=True)  # padding (0) sorts below every real key
-        tl.store(counter + row * SLOTS + 3, 0)  # cleared for the next launch
-        tl.store(counter + row * SLOTS + 4, 0)
+        tl.store(counter + row * SLOTS + ALLOC, 0)  # cleared for the next launch
+        tl.store(counter + row * SLOTS + ALLOC + 1, 0)
         index = (0xFFFFFFFF - (top & 0xFFFFFFFF)).to(tl.int64)
         keep = kk < k
         tl.store(idx_ptr + row * k + kk, index, mask=keep)
@@ -133,21 +148,26 @@ def radix_select_kernel(scores_ptr, N, k, state, counter, prog_hist, sel, vals_p
 
 
 class StableTopkLauncher(LauncherBase):
-    """Holds the histograms, counters and selection buffers (self-clearing, so the four launches
-    capture into a CUDA graph); one instance per device/stream, calls on it must not overlap."""
+    """Holds the histograms, counters and selection buffers (self-clearing, so the launches
+    capture into a CUDA graph); one instance per device/stream, calls on it must not overlap.
+    Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K."""
 
-    def _workspace(self, device, rows: int, n_prog: int, kp: int) -> dict:
-        ws = self._ws.get(device)
+    MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
+
+    def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
+        key = (device, passes)
+        ws = self._ws.get(key)
         if ws is None or ws["state"].shape[0] < rows or ws["prog_hist"].shape[1] < n_prog \
                 or ws["sel"].shape[1] < kp:
             rows, n_prog, kp = (max(rows, 1), max(n_prog, 1), max(kp, 1))
-            ws = {"hist": torch.zeros(rows, HIST_BINS.value, dtype=torch.int32, device=device),
-                  "counter": torch.zeros(rows, SLOTS.value, dtype=torch.int32, device=device),
+            bins = 1 << max(bits for _, bits in passes)
+            ws = {"hist": torch.zeros(rows, bins, dtype=torch.int32, device=device),
+                  "counter": torch.zeros(rows, len(passes) + 2, dtype=torch.int32, device=device),
                   "state": torch.empty(rows, 2, dtype=torch.int64, device=device),
-                  "prog_hist": torch.empty(rows, n_prog, 1 << PASSES[-1][1], dtype=torch.int32,
+                  "prog_hist": torch.empty(rows, n_prog, 1 << passes[-1][1], dtype=torch.int32,
                                            device=device),
                   "sel": torch.empty(rows, kp, dtype=torch.uint64, device=device)}
-            self._ws[device] = ws
+            self._ws[key] = ws
         return ws
 
     def __call__(self, scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,20 +185,25 @@ class StableTopkLauncher(LauncherBase):
         kp = next_pow2(k_out)
         if kp > self._overrides.get("MAX_K", 8192) or n >= 2**31:
             return stable_topk_reference(scores, k)  # more than one program sorts, or 32-bit indices
-        chunk = self._overrides.get("CHUNK", 4096)
+        passes = digit_passes(tuple(self._overrides.get("DIGITS", DIGITS)))
+        # chunks grow past the default for very long rows, so a row has at most MAX_PROGRAMS
+        chunk = max(self._overrides.get("CHUNK", 1024), next_pow2(triton.cdiv(n, self.MAX_PROGRAMS)))
         n_prog = triton.cdiv(n, chunk)
         flat = scores.contiguous().view(rows, n)
         vals = torch.empty(rows, k_out, dtype=torch.float32, device=scores.device)
         idx = torch.empty(rows, k_out, dtype=torch.int64, device=scores.device)
-        ws = self._workspace(scores.device, rows, n_prog, kp)
-        warps = self._overrides.get("num_warps", 8)
-        for i, (shift, bits) in enumerate(PASSES):
+        ws = self._workspace(scores.device, rows, n_prog, kp, passes)
+        warps = self._overrides.get("num_warps", 4)
+        bins, slots = ws["hist"].shape[1], ws["counter"].shape[1]
+        for i, (shift, bits) in enumerate(passes):
             radix_digit_pass_kernel[(rows, n_prog)](
                 flat, n, k_out, ws["hist"], ws["state"], ws["counter"], ws["prog_hist"], SHIFT=shift,
-                BITS=bits, PASS=i, FIRST=i == 0, LAST=i == len(PASSES) - 1, CHUNK=chunk, num_warps=warps)
+                BITS=bits, PASS=i, FIRST=i == 0, LAST=i == len(passes) - 1, CHUNK=chunk, HIST_BINS=bins,
+                SLOTS=slots, num_warps=warps)
         radix_select_kernel[(rows, n_prog)](
             flat, n, k_out, ws["state"], ws["counter"], ws["prog_hist"], ws["sel"], vals, idx, CHUNK=chunk,
-            KP=kp, PP=next_pow2(n_prog), LAST_BITS=PASSES[-1][1], num_warps=warps)
+            KP=kp, PP=next_pow2(n_prog), LAST_BITS=passes[-1][1], SLOTS=slots, ALLOC=len(passes),
+            num_warps=warps)
         return vals.view(*lead, k_out), idx.view(*lead, k_out)
 
 

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Run one benchmark case a few times so Nsight Compute can read its kernels' counters (where a
+timing alone does not say why a kernel is slow: occupancy, stalls, bytes moved per level).
+
+    ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \\
+        -k regex:mhc_boundary -c 1 python3 scripts/profile_kernels.py --case mhc8192
+
+Cases use the released sizes of scripts/bench_kernels.py; nothing is timed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import bench_kernels as bench
+from dsflash.model.quant import fp4_pow2_pack
+from dsflash.plugins.csa2_index_score import kernel as index_kernel
+from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
+from dsflash.plugins.mhc_boundary import kernel as mhc_kernel
+from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
+
+
+def mhc(tokens: int, gen):
+    args = [a.cuda() for a in bench.mhc_inputs(tokens, gen)] + [20, 1e-6, 1e-6]
+    launcher = mhc_kernel.MhcBoundaryLauncher()
+    return lambda: launcher(*args)
+
+
+def topk(n: int, gen):
+    scores = torch.relu(torch.randn(1, n, generator=gen)).cuda()
+    launcher = StableTopkLauncher()
+    return lambda: launcher(scores, bench.TOPK)
+
+
+def index_fp4(n: int, gen):
+    iq = torch.randn(1, 1, bench.INDEX_HEADS, bench.INDEX_DIM, generator=gen).to("cuda", bench.BF16)
+    iw = torch.randn(1, 1, bench.INDEX_HEADS, generator=gen).cuda()
+    codes, exps = fp4_pow2_pack(torch.randn(1, n, bench.INDEX_DIM, generator=gen).cuda())
+    visible = torch.ones(1, 1, n, dtype=torch.bool, device="cuda")
+    return lambda: index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible)
+
+
+def attention(n: int, gen):
+    q = torch.randn(1, 1, bench.HEADS, bench.HEAD_DIM, generator=gen).to("cuda", bench.BF16)
+    kv = torch.randn(1, n, bench.HEAD_DIM, generator=gen).to("cuda", bench.BF16)
+    idx = torch.randint(0, n, (1, 1, bench.TOPK), generator=gen).cuda()
+    win = torch.randn(1, bench.WINDOW, bench.HEAD_DIM, generator=gen).to("cuda", bench.BF16)
+    wmask = torch.ones(1, 1, bench.WINDOW, dtype=torch.bool, device="cuda")
+    sink = torch.randn(bench.HEADS, generator=gen).cuda()
+    launcher = attn_kernel.SparseAttentionLauncher()
+    return lambda: launcher(q, kv, idx, win, wmask, sink, bench.HEAD_DIM ** -0.5)
+
+
+CASES = {"mhc8192": lambda g: mhc(8192, g), "mhc1": lambda g: mhc(1, g), "topk131072": lambda g: topk(131072, g),
+         "index_fp4_131072": lambda g: index_fp4(131072, g), "attn_decode": lambda g: attention(65536, g)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", choices=sorted(CASES), required=True)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    fn = CASES[args.case](torch.Generator().manual_seed(0))
+    for _ in range(args.repeat):
+        fn()
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
