@@ -218,14 +218,25 @@ def sweep(gen) -> dict:
             over = dict(DIGITS=digits, CHUNK=chunk, num_warps=nw)
             _sweep_one(res, f"topk n=131072 {over}", lambda: StableTopkLauncher(overrides=over),
                        lambda f: f(scores, TOPK), want, 0.0, graph=True)
+    n = 131072  # FP4 index keys at 128K entries: the two decodes, block sizes, warps
+    iq = torch.randn(1, 1, INDEX_HEADS, INDEX_DIM, generator=gen).to("cuda", BF16)
+    iw = torch.randn(1, 1, INDEX_HEADS, generator=gen).cuda()
+    codes, exps = fp4_pow2_pack(torch.randn(1, n, INDEX_DIM, generator=gen).cuda())
+    visible = torch.ones(1, 1, n, dtype=torch.bool, device="cuda")
+    want = (index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible),)
+    for halves, block_n, nw in ((0, 64, 4), (1, 64, 4), (0, 128, 8), (1, 128, 8), (0, 32, 4), (1, 32, 4),
+                                (1, 128, 4)):
+        over = dict(HALVES=halves, BLOCK_N=block_n, num_warps=nw)
+        _sweep_one(res, f"index fp4 n={n} {over}", lambda: over,
+                   lambda f: index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible, overrides=f),
+                   want, 1e-2, graph=True)
     for tokens in (1, 8192):
         args = [t.cuda() for t in mhc_inputs(tokens, gen)] + [20, 1e-6, 1e-6]
         want = mhc_kernel.MhcBoundaryLauncher()(*args)
         few = tokens <= 64
         # num_stages: how deep Triton's software pipeline runs the channel loop's loads
         grid = ([(1, 32, 4, 3), (1, 64, 4, 3), (1, 32, 4, 1)] if few else
-                [(32, 32, 4, s) for s in (2, 3)] + [(32, 32, 8, 3), (16, 32, 4, 3), (64, 32, 8, 3), (32, 64, 8, 3),
-                                                    (32, 16, 4, 3)])
+                [(32, 32, 4, 3), (32, 32, 4, 2), (32, 16, 4, 3), (16, 16, 4, 3)])
         for bt, be, nw, stages in grid:
             over = dict(BLOCK_E=be, BLOCK_T=bt, num_warps=nw, num_stages=stages)
             _sweep_one(res, f"mhc tokens={tokens} {over}",
@@ -312,7 +323,7 @@ def main() -> None:
     report(res)
     if args.sweep:
         res["sweep_us"] = sweep(gen)
-        for case in ("topk n=131072", "attn rows=1 ", "attn rows=64", "mhc tokens=1 ", "mhc tokens=8192"):
+        for case in ("topk n=131072", "index fp4", "attn rows=1 ", "attn rows=64", "mhc tokens=1 ", "mhc tokens=8192"):
             best = sorted((us, k) for k, us in res["sweep_us"].items() if k.startswith(case) and not math.isnan(us))[:3]
             logging.info("sweep best %s: %s", case, "; ".join(f"{us:.1f} us {k[len(case):]}" for us, k in best))
         (out / "bench.json").write_text(json.dumps(res, indent=1))

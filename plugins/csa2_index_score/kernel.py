@@ -110,20 +110,70 @@ def _fp4_keys(codes_ptr, exps_ptr, entry, nmask, J: tl.constexpr, BLOCK_N: tl.co
 
 
 @triton.jit
+def _fp4_key_halves(codes_ptr, exps_ptr, entry, nmask, J: tl.constexpr, BLOCK_N: tl.constexpr,
+                    GP: tl.constexpr, dtype):
+    """(even-channel keys, odd-channel keys), each [BLOCK_N, GP * 16] in dtype, exact: the same
+    loads as _fp4_keys without interleaving the nibbles back (a reshape of the two trailing
+    dims only)."""
+    G: tl.constexpr = J // 32
+    g = tl.arange(0, GP)
+    hb = tl.arange(0, 16)
+    gm = nmask[:, None] & (g < G)[None, :]
+    byte = tl.load(codes_ptr + entry[:, None, None] * (J // 2) + g[None, :, None] * 16 + hb[None, None, :],
+                   mask=gm[:, :, None], other=0).to(tl.int32)
+    e = tl.load(exps_ptr + entry[:, None] * G + g[None, :], mask=gm, other=0).to(tl.int32)
+    scale = _exact_pow2(e)[:, :, None]
+    even = tl.reshape(_e2m1_values(byte & 15) * scale, [BLOCK_N, GP * 16]).to(dtype)
+    odd = tl.reshape(_e2m1_values(byte >> 4) * scale, [BLOCK_N, GP * 16]).to(dtype)
+    return even, odd
+
+
+@triton.jit
+def _half_scores(even, odd, q_ptr, w_ptr, b, s, S, I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr):
+    """_block_scores over keys split into even and odd channels: two dots per head block against
+    the query's even and odd channels."""
+    jh = tl.arange(0, BLOCK_J // 2)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for i0 in tl.static_range(0, I, BLOCK_I):
+        ii = i0 + tl.arange(0, BLOCK_I)
+        imask = ii < I
+        q_at = q_ptr + ((b * S + s) * I + ii[:, None]) * J + 2 * jh[None, :]
+        qm = imask[:, None] & (2 * jh < J)[None, :]
+        q_even = tl.load(q_at, mask=qm, other=0.0)
+        q_odd = tl.load(q_at + 1, mask=qm, other=0.0)
+        if IEEE:
+            dots = tl.dot(even, tl.trans(q_even), input_precision="ieee")
+            dots = tl.dot(odd, tl.trans(q_odd), dots, input_precision="ieee")
+        else:
+            dots = tl.dot(even, tl.trans(q_even))
+            dots = tl.dot(odd, tl.trans(q_odd), dots)
+        w = tl.load(w_ptr + (b * S + s) * I + ii, mask=imask, other=0.0).to(tl.float32)
+        acc += tl.sum(tl.maximum(dots, 0.0) * w[None, :], axis=1)
+    return acc
+
+
+@triton.jit
 def csa2_index_score_fp4_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, vis_ptr, S, N, out_ptr,
                                 I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr,
-                                BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr):
+                                BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr,
+                                HALVES: tl.constexpr):
     """The same scores with the keys read as stored in the release: 68 B per 128-dim entry
     (64 B of codes, 4 exponents) instead of 256, decoded in registers into the bf16 kernel's
-    key tile. (The first version loaded codes and exponents with one gather per channel: 49 us
+    key tile (HALVES = 0) or into even- and odd-channel halves with two dots (HALVES = 1). (The first version loaded codes and exponents with one gather per channel: 49 us
     at 128K entries on the H200, five times the bf16 kernel; one with 16-channel dots per scale
     group and nibble half was L1/shared-memory bound, 55 us.)"""
     b, s, n, nmask, vis = _entry_block(vis_ptr, S, N, BLOCK_N)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     if tl.max(vis.to(tl.int32), axis=0) > 0:
-        keys = _fp4_keys(codes_ptr, exps_ptr, b * N + n, nmask, J, BLOCK_N, BLOCK_J // 32,
-                         q_ptr.dtype.element_ty)
-        acc = _block_scores(keys, q_ptr, w_ptr, b, s, S, I, J, BLOCK_N, BLOCK_I, BLOCK_J, IEEE)
+        if HALVES:
+            even, odd = _fp4_key_halves(codes_ptr, exps_ptr, b * N + n, nmask, J, BLOCK_N, BLOCK_J // 32,
+                                        q_ptr.dtype.element_ty)
+            acc = _half_scores(even, odd, q_ptr, w_ptr, b, s, S, I, J, BLOCK_N, BLOCK_I, BLOCK_J, IEEE)
+        else:
+            keys = _fp4_keys(codes_ptr, exps_ptr, b * N + n, nmask, J, BLOCK_N, BLOCK_J // 32,
+                             q_ptr.dtype.element_ty)
+            acc = _block_scores(keys, q_ptr, w_ptr, b, s, S, I, J, BLOCK_N, BLOCK_I, BLOCK_J, IEEE)
     tl.store(out_ptr + (b * S + s) * N + n, tl.where(vis, acc, float("-inf")), mask=nmask)
 
 
@@ -138,13 +188,13 @@ def _check(op, q_BSIJ, w_BSI, n, visible_BSN):
     require(j <= 256, f"{op}: index_head_dim {j} > 256, the largest the kernel keeps in registers")
 
 
-def _launch(kernel, q_BSIJ, w_BSI, keys: tuple, n: int, visible_BSN):
+def _launch(kernel, q_BSIJ, w_BSI, keys: tuple, n: int, visible_BSN, overrides: dict | None = None):
     b, s, i, j = q_BSIJ.shape
     q, w, vis = q_BSIJ.contiguous(), w_BSI.contiguous(), visible_BSN.contiguous().view(torch.uint8)
     out = torch.empty(b, s, n, dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out
-    cfg = launch_config(i, j, q.dtype)
+    cfg = launch_config(i, j, q.dtype) | (overrides or {})
     kernel[(b * s, triton.cdiv(n, cfg["BLOCK_N"]))](q, w, *(k.contiguous() for k in keys), vis, s, n, out,
                                                    I=i, J=j, **cfg)
     return out
@@ -164,9 +214,11 @@ def csa2_index_score(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: torch.Ten
 
 
 def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: torch.Tensor,
-                         exps_BNG: torch.Tensor, visible_BSN: torch.Tensor) -> torch.Tensor:
+                         exps_BNG: torch.Tensor, visible_BSN: torch.Tensor, *,
+                         overrides: dict | None = None) -> torch.Tensor:
     """The reference's (reference.py:csa2_index_score_fp4) signature: keys as FP4 codes [B, N, J/2]
-    (uint8) with one int8 exponent per 32 channels [B, N, J/32] (model/quant.py:fp4_pow2_pack)."""
+    (uint8) with one int8 exponent per 32 channels [B, N, J/32] (model/quant.py:fp4_pow2_pack).
+    `overrides` replaces launch parameters (HALVES, BLOCK_N, num_warps: benchmark sweeps)."""
     op = "Csa2IndexScore(fp4)"
     check_shape(op, "q", q_BSIJ, (None, None, None, None))
     b, _, _, j = q_BSIJ.shape
@@ -179,7 +231,8 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     check_dtype(op, "codes", codes_BNH, (torch.uint8,))
     check_dtype(op, "exps", exps_BNG, (torch.int8,))
     check_device(op, q=q_BSIJ, w=w_BSI, codes=codes_BNH, exps=exps_BNG, visible=visible_BSN)
-    return _launch(csa2_index_score_fp4_kernel, q_BSIJ, w_BSI, (codes_BNH, exps_BNG), n, visible_BSN)
+    return _launch(csa2_index_score_fp4_kernel, q_BSIJ, w_BSI, (codes_BNH, exps_BNG), n, visible_BSN,
+                   {"HALVES": 0} | (overrides or {}))
 
 
 def launch_config(heads: int, dim: int, dtype: torch.dtype) -> dict:
