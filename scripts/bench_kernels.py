@@ -218,15 +218,14 @@ def sweep(gen) -> dict:
             over = dict(DIGITS=digits, CHUNK=chunk, num_warps=nw)
             _sweep_one(res, f"topk n=131072 {over}", lambda: StableTopkLauncher(overrides=over),
                        lambda f: f(scores, TOPK), want, 0.0, graph=True)
-    n = 131072  # FP4 index keys at 128K entries: the two decodes, block sizes, warps
+    n = 131072  # FP4 index keys at 128K entries: block sizes, warps
     iq = torch.randn(1, 1, INDEX_HEADS, INDEX_DIM, generator=gen).to("cuda", BF16)
     iw = torch.randn(1, 1, INDEX_HEADS, generator=gen).cuda()
     codes, exps = fp4_pow2_pack(torch.randn(1, n, INDEX_DIM, generator=gen).cuda())
     visible = torch.ones(1, 1, n, dtype=torch.bool, device="cuda")
     want = (index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible),)
-    for halves, block_n, nw in ((0, 64, 4), (1, 64, 4), (0, 128, 8), (1, 128, 8), (0, 32, 4), (1, 32, 4),
-                                (1, 128, 4)):
-        over = dict(HALVES=halves, BLOCK_N=block_n, num_warps=nw)
+    for block_n, nw in ((64, 4), (128, 8), (128, 4), (32, 4)):
+        over = dict(BLOCK_N=block_n, num_warps=nw)
         _sweep_one(res, f"index fp4 n={n} {over}", lambda: over,
                    lambda f: index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible, overrides=f),
                    want, 1e-2, graph=True)

@@ -13,6 +13,7 @@ from kernel_checks import assert_kernel_matches
 from dsflash.plugins.launch import interpreting
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
+import triton.language as tl  # noqa: E402
 
 from dsflash.plugins.csa2_index_score import kernel as index_kernel  # noqa: E402
 from dsflash.plugins.csa2_index_score import reference as index_ref  # noqa: E402
@@ -22,6 +23,8 @@ from dsflash.plugins.engram_hash_gather import kernel as engram_kernel  # noqa: 
 from dsflash.plugins.engram_hash_gather import reference as engram_ref  # noqa: E402
 from dsflash.plugins.mhc_boundary import kernel as mhc_kernel  # noqa: E402
 from dsflash.plugins.mhc_boundary import reference as mhc_ref  # noqa: E402
+from dsflash.model.quant import fp4_pow2_pack  # noqa: E402
+from dsflash.plugins.launch import next_pow2  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter computes in numpy (no bf16 arithmetic): check fp32 there, bf16 on the GPU too.
@@ -78,8 +81,7 @@ def test_index_score_kernel(gen, dtype, b, s, i, j, n):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("b,s,i,j,n", [(2, 3, 3, 32, 70), (1, 1, 17, 128, 130), (1, 2, 5, 96, 40)])
-@pytest.mark.parametrize("halves", [0, 1])
-def test_index_score_fp4_kernel(gen, dtype, b, s, i, j, n, halves):
+def test_index_score_fp4_kernel(gen, dtype, b, s, i, j, n):
     """FP4 keys as stored (model/quant.py:fp4_pow2_pack): unpacking equals the model's QAT
     round-trip bit for bit, and the kernel matches the reference over the unpacked keys."""
     from dsflash.model.quant import fp4_pow2_pack, fp4_pow2_qat
@@ -93,7 +95,7 @@ def test_index_score_fp4_kernel(gen, dtype, b, s, i, j, n, halves):
     visible = torch.rand(b, s, n, generator=gen) > 0.3
     visible[-1, -1, : min(n, 64)] = False
     args = (q, w, codes, exps, visible)
-    got = index_kernel.csa2_index_score_fp4(*_dev(*args), overrides={"HALVES": halves})
+    got = index_kernel.csa2_index_score_fp4(*_dev(*args))
     assert_kernel_matches(got, index_ref.csa2_index_score_fp4, args, {}, dtype, "Csa2IndexScore(fp4)")
     with pytest.raises(ValueError, match="exps has dtype"):
         index_kernel.csa2_index_score_fp4(*_dev(q, w, codes, exps.int(), visible))
@@ -110,9 +112,40 @@ def test_index_score_fp4_extreme_scales(gen):
     exps = torch.tensor([[[-128], [-127], [-126], [0], [60], [100]]], dtype=torch.int8)
     visible = torch.ones(1, 1, 6, dtype=torch.bool)
     want = index_ref.csa2_index_score_fp4(q, w, codes, exps, visible)
-    for halves in (0, 1):
-        got = index_kernel.csa2_index_score_fp4(*_dev(q, w, codes, exps, visible), overrides={"HALVES": halves})
-        assert torch.all(want > 0) and torch.equal(got.cpu(), want)
+    got = index_kernel.csa2_index_score_fp4(*_dev(q, w, codes, exps, visible))
+    assert torch.all(want > 0) and torch.equal(got.cpu(), want)
+
+
+@triton.jit
+def _fp4_keys_probe(codes_ptr, exps_ptr, out_ptr, N, J: tl.constexpr, BLOCK_N: tl.constexpr, GP: tl.constexpr):
+    """The FP4 kernel's key decode (bf16) written out, so it can be compared bit for bit."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    keys = index_kernel._fp4_keys(codes_ptr, exps_ptr, n, n < N, J, BLOCK_N, GP, tl.bfloat16)
+    jj = tl.arange(0, GP * 32)
+    tl.store(out_ptr + n[:, None] * J + jj[None, :], keys, mask=(n < N)[:, None] & (jj < J)[None, :])
+
+
+@pytest.mark.parametrize("j", [128, 96])
+def test_fp4_key_decode_bf16_is_exact(gen, j):
+    """bf16 FP4 keys as the kernel builds them (bit patterns where a block's exponents are normal,
+    fp32 otherwise) equal the reference's unpacking exactly, both paths; this covers the
+    decode where the interpreter cannot check the bf16 dot itself (its bf16 tl.dot is not
+    emulated, so DTYPES is fp32 there)."""
+    n, block = 150, 64
+    k = torch.randn(1, n, j, generator=gen) * torch.logspace(-30, 30, n).view(1, n, 1)
+    codes, exps = fp4_pow2_pack(k)
+    # the last block takes the fp32 path (127: keys overflow to inf as in the reference); the
+    # bit-pattern path's bounds, -125 and 126; on the GPU also the exponents that make bf16
+    # subnormals (the interpreter's fp32 -> bf16 conversion does not round subnormals as CUDA does)
+    extremes = [127, -125, 126] + ([] if interpreting() else [-126, -128])
+    for i, x in enumerate(extremes):
+        exps[0, 140 + i, i % (j // 32)] = x
+    out = torch.full((n, j), float("nan"), dtype=torch.bfloat16)
+    c, e, o = _dev(codes[0], exps[0], out)
+    _fp4_keys_probe[(triton.cdiv(n, block),)](c, e, o, n, J=j, BLOCK_N=block, GP=next_pow2(j // 32))
+    want = index_ref.unpack_keys_fp4(codes, exps, torch.bfloat16)[0]
+    # equal values (the sign of a zero key may differ: the interpreter's fp32 -> bf16 drops it)
+    assert torch.equal(o.cpu().float(), want.float())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

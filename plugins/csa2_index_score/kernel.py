@@ -90,12 +90,26 @@ def _exact_pow2(e):
 
 
 @triton.jit
+def _e2m1_bf16_bits(nib, e):
+    """bf16 bit patterns (in int32) of grid(nib) x 2^e, built from integers alone (no int-to-float
+    conversions, no multiply): a grid value is (1 + m/2) 2^(ex-1) for ex = code >> 1 >= 1, 0.5 for
+    code 1, 0 for code 0, so 2^e only moves the exponent field. Exact while that field stays
+    normal, i.e. for e in [-125, 126]; the caller takes the fp32 path otherwise."""
+    code = nib & 7
+    ex = code >> 1
+    field = tl.where(ex > 0, ex + 126, 126) + e
+    mag = tl.where(code == 0, 0, (field << 7) | tl.where(ex > 0, (code & 1) << 6, 0))
+    return ((nib & 8) << 12) | mag
+
+
+@triton.jit
 def _fp4_keys(codes_ptr, exps_ptr, entry, nmask, J: tl.constexpr, BLOCK_N: tl.constexpr,
               GP: tl.constexpr, dtype):
     """Keys [BLOCK_N, GP * 32] in dtype, exact (grid value x 2^e): the codes as [BLOCK_N, GP, 16]
     bytes (each scale group's 16 bytes one contiguous load), each group's exponent broadcast
     over its bytes, the low (even channel) and high (odd channel) nibbles interleaved back by a
-    join and a reshape."""
+    join and a reshape. bf16 keys whose block has only exponents in [-125, 126] (every block
+    the packer writes) are built as bit patterns; others go through fp32."""
     G: tl.constexpr = J // 32
     g = tl.arange(0, GP)
     hb = tl.arange(0, 16)
@@ -103,77 +117,39 @@ def _fp4_keys(codes_ptr, exps_ptr, entry, nmask, J: tl.constexpr, BLOCK_N: tl.co
     byte = tl.load(codes_ptr + entry[:, None, None] * (J // 2) + g[None, :, None] * 16 + hb[None, None, :],
                    mask=gm[:, :, None], other=0).to(tl.int32)
     e = tl.load(exps_ptr + entry[:, None] * G + g[None, :], mask=gm, other=0).to(tl.int32)
-    scale = _exact_pow2(e)[:, :, None]
-    even = _e2m1_values(byte & 15) * scale
-    odd = _e2m1_values(byte >> 4) * scale
-    return tl.reshape(tl.join(even, odd), [BLOCK_N, GP * 32]).to(dtype)
-
-
-@triton.jit
-def _fp4_key_halves(codes_ptr, exps_ptr, entry, nmask, J: tl.constexpr, BLOCK_N: tl.constexpr,
-                    GP: tl.constexpr, dtype):
-    """(even-channel keys, odd-channel keys), each [BLOCK_N, GP * 16] in dtype, exact: the same
-    loads as _fp4_keys without interleaving the nibbles back (a reshape of the two trailing
-    dims only)."""
-    G: tl.constexpr = J // 32
-    g = tl.arange(0, GP)
-    hb = tl.arange(0, 16)
-    gm = nmask[:, None] & (g < G)[None, :]
-    byte = tl.load(codes_ptr + entry[:, None, None] * (J // 2) + g[None, :, None] * 16 + hb[None, None, :],
-                   mask=gm[:, :, None], other=0).to(tl.int32)
-    e = tl.load(exps_ptr + entry[:, None] * G + g[None, :], mask=gm, other=0).to(tl.int32)
-    scale = _exact_pow2(e)[:, :, None]
-    even = tl.reshape(_e2m1_values(byte & 15) * scale, [BLOCK_N, GP * 16]).to(dtype)
-    odd = tl.reshape(_e2m1_values(byte >> 4) * scale, [BLOCK_N, GP * 16]).to(dtype)
-    return even, odd
-
-
-@triton.jit
-def _half_scores(even, odd, q_ptr, w_ptr, b, s, S, I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr):
-    """_block_scores over keys split into even and odd channels: two dots per head block against
-    the query's even and odd channels."""
-    jh = tl.arange(0, BLOCK_J // 2)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for i0 in tl.static_range(0, I, BLOCK_I):
-        ii = i0 + tl.arange(0, BLOCK_I)
-        imask = ii < I
-        q_at = q_ptr + ((b * S + s) * I + ii[:, None]) * J + 2 * jh[None, :]
-        qm = imask[:, None] & (2 * jh < J)[None, :]
-        q_even = tl.load(q_at, mask=qm, other=0.0)
-        q_odd = tl.load(q_at + 1, mask=qm, other=0.0)
-        if IEEE:
-            dots = tl.dot(even, tl.trans(q_even), input_precision="ieee")
-            dots = tl.dot(odd, tl.trans(q_odd), dots, input_precision="ieee")
-        else:
-            dots = tl.dot(even, tl.trans(q_even))
-            dots = tl.dot(odd, tl.trans(q_odd), dots)
-        w = tl.load(w_ptr + (b * S + s) * I + ii, mask=imask, other=0.0).to(tl.float32)
-        acc += tl.sum(tl.maximum(dots, 0.0) * w[None, :], axis=1)
-    return acc
+    if dtype == tl.bfloat16:
+        normal = tl.min(tl.where(gm, (e >= -125) & (e <= 126), 1).to(tl.int32))
+    else:
+        normal = 0
+    if normal != 0:
+        ee = e[:, :, None]
+        even = _e2m1_bf16_bits(byte & 15, ee).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        odd = _e2m1_bf16_bits(byte >> 4, ee).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        keys = tl.reshape(tl.join(even, odd), [BLOCK_N, GP * 32])
+    else:
+        scale = _exact_pow2(e)[:, :, None]
+        even = _e2m1_values(byte & 15) * scale
+        odd = _e2m1_values(byte >> 4) * scale
+        keys = tl.reshape(tl.join(even, odd), [BLOCK_N, GP * 32]).to(dtype)
+    return keys
 
 
 @triton.jit
 def csa2_index_score_fp4_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, vis_ptr, S, N, out_ptr,
                                 I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr,
-                                BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr,
-                                HALVES: tl.constexpr):
+                                BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr):
     """The same scores with the keys read as stored in the release: 68 B per 128-dim entry
     (64 B of codes, 4 exponents) instead of 256, decoded in registers into the bf16 kernel's
-    key tile (HALVES = 0) or into even- and odd-channel halves with two dots (HALVES = 1). (The first version loaded codes and exponents with one gather per channel: 49 us
-    at 128K entries on the H200, five times the bf16 kernel; one with 16-channel dots per scale
-    group and nibble half was L1/shared-memory bound, 55 us.)"""
+    key tile. H200, 128K entries (docs/benchmarks.md): 25.9 us, 9% of its roofline and still
+    2.7x the bf16 kernel's 9.7 us, so the model keeps bf16 keys. Measured and dropped: one
+    byte and one exponent gather per channel (49 us), 16-channel dots per scale group and
+    nibble (55 us), even/odd channel halves with two dots (35-101 us over block sizes)."""
     b, s, n, nmask, vis = _entry_block(vis_ptr, S, N, BLOCK_N)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     if tl.max(vis.to(tl.int32), axis=0) > 0:
-        if HALVES:
-            even, odd = _fp4_key_halves(codes_ptr, exps_ptr, b * N + n, nmask, J, BLOCK_N, BLOCK_J // 32,
-                                        q_ptr.dtype.element_ty)
-            acc = _half_scores(even, odd, q_ptr, w_ptr, b, s, S, I, J, BLOCK_N, BLOCK_I, BLOCK_J, IEEE)
-        else:
-            keys = _fp4_keys(codes_ptr, exps_ptr, b * N + n, nmask, J, BLOCK_N, BLOCK_J // 32,
-                             q_ptr.dtype.element_ty)
-            acc = _block_scores(keys, q_ptr, w_ptr, b, s, S, I, J, BLOCK_N, BLOCK_I, BLOCK_J, IEEE)
+        keys = _fp4_keys(codes_ptr, exps_ptr, b * N + n, nmask, J, BLOCK_N, BLOCK_J // 32,
+                         q_ptr.dtype.element_ty)
+        acc = _block_scores(keys, q_ptr, w_ptr, b, s, S, I, J, BLOCK_N, BLOCK_I, BLOCK_J, IEEE)
     tl.store(out_ptr + (b * S + s) * N + n, tl.where(vis, acc, float("-inf")), mask=nmask)
 
 
@@ -218,7 +194,7 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
                          overrides: dict | None = None) -> torch.Tensor:
     """The reference's (reference.py:csa2_index_score_fp4) signature: keys as FP4 codes [B, N, J/2]
     (uint8) with one int8 exponent per 32 channels [B, N, J/32] (model/quant.py:fp4_pow2_pack).
-    `overrides` replaces launch parameters (HALVES, BLOCK_N, num_warps: benchmark sweeps)."""
+    `overrides` replaces launch parameters (BLOCK_N, num_warps: benchmark sweeps)."""
     op = "Csa2IndexScore(fp4)"
     check_shape(op, "q", q_BSIJ, (None, None, None, None))
     b, _, _, j = q_BSIJ.shape
@@ -232,7 +208,7 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     check_dtype(op, "exps", exps_BNG, (torch.int8,))
     check_device(op, q=q_BSIJ, w=w_BSI, codes=codes_BNH, exps=exps_BNG, visible=visible_BSN)
     return _launch(csa2_index_score_fp4_kernel, q_BSIJ, w_BSI, (codes_BNH, exps_BNG), n, visible_BSN,
-                   {"HALVES": 0} | (overrides or {}))
+                   overrides)
 
 
 def launch_config(heads: int, dim: int, dtype: torch.dtype) -> dict:
