@@ -53,8 +53,9 @@ def attention(n: int, gen):
     return lambda: launcher(q, kv, idx, win, wmask, sink, bench.HEAD_DIM ** -0.5)
 
 
-CASES = {"mhc8192": lambda g: mhc(8192, g), "mhc1": lambda g: mhc(1, g), "topk131072": lambda g: topk(131072, g),
-         "index_fp4_131072": lambda g: index_fp4(131072, g), "attn_decode": lambda g: attention(65536, g)}
+CASES = {"mhc8192": lambda g: mhc(8192, g), "mhc1": lambda g: mhc(1, g),
+         "topk131072": lambda g: topk(131072, g), "index_fp4_131072": lambda g: index_fp4(131072, g),
+         "attn_decode": lambda g: attention(65536, g)}
 
 
 def main() -> None:

@@ -117,7 +117,8 @@ def test_index_score_fp4_extreme_scales(gen):
 
 
 @triton.jit
-def _fp4_keys_probe(codes_ptr, exps_ptr, out_ptr, N, J: tl.constexpr, BLOCK_N: tl.constexpr, GP: tl.constexpr):
+def _fp4_keys_probe(codes_ptr, exps_ptr, out_ptr, N, J: tl.constexpr, BLOCK_N: tl.constexpr,
+                    GP: tl.constexpr):
     """The FP4 kernel's key decode (bf16) written out, so it can be compared bit for bit."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     keys = index_kernel._fp4_keys(codes_ptr, exps_ptr, n, n < N, J, BLOCK_N, GP, tl.bfloat16)

@@ -215,9 +215,9 @@ def launch_config(heads: int, dim: int, dtype: torch.dtype) -> dict:
     """Block sizes and warps, shared by the JIT launch and the AOT compile (trt.py, which has no
     workspace and so never splits keys). For head_dim 512 the H200 sweeps (docs/benchmarks.md)
     put 16 heads x 32 keys x 4 warps first, with one key block per split at decode (20 splits:
-    8.6 us; 2 blocks 10.5 us, 4 blocks 15.0 us, no split 28.5 us; 32 heads 10.1 us). At 64 rows
-    32 heads per program ran faster (75.8 us vs 83.3 us) but has not been through the GPU tests,
-    so 16 stays."""
+    7.4 us unpipelined; 2 blocks 10.5 us, 4 blocks 15.0 us, no split 28.5 us; 32 heads 10.1 us).
+    At 64 rows 32 heads per program ran faster (75.6 us vs 83.1 us); the AOT build shares this
+    setting and decode is slower with it, so 16 stays."""
     block_d = next_pow2(dim, 16)
     wide = block_d >= 256
     block_h = 16 if wide else min(next_pow2(heads, 16), 64)

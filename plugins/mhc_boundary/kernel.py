@@ -297,10 +297,10 @@ class MhcBoundaryLauncher(LauncherBase):
 def launch_config(tokens: int, hc: int, hidden: int, dtype: torch.dtype) -> dict:
     """Block sizes and warps, shared by the JIT launch and the AOT compile (trt.py). Few tokens
     (decode) split the channels over programs, BLOCK_E each; many tokens give each program whole
-    rows of BLOCK_T tokens. Settings from the H200 sweep (docs/benchmarks.md): one token 9.3 us
-    with 32-channel chunks (64: 10.6 us, 128: 11.5 us, 16 rows with the tensor cores: 14.3 us);
-    8,192 tokens 926 us at 32 rows x 32 channels x 4 warps (16 rows: 1,551 us, 64 rows x 8 warps:
-    1,436 us, 64-channel chunks: 2,300-2,400 us)."""
+    rows of BLOCK_T tokens. Settings from the H200 sweeps (docs/benchmarks.md): one token 8.8 us
+    with 32-channel chunks (64: 10.6 us, 16 rows with the tensor cores: 14.3 us); 8,192 tokens
+    650 us at 32 rows x 32 channels x 4 warps, 3 stages (2 stages: 687 us, 16-channel chunks:
+    775 us, 16 rows: 1,072 us, 8 warps: 918-1,250 us)."""
     few = tokens <= 64
     # one to four tokens: that many rows per program and the projection as fp32 products (the
     # tensor cores need 16 rows); BLOCK_T * C * BLOCK_E * MP stays at 16K values or fewer

@@ -5,23 +5,23 @@ Each score maps to an order-preserving 32-bit key (after clamping +-inf to the l
 values, as the reference sorts). The digit passes find V, the key of the k-th best entry, a few
 bits at a time (DIGITS: 8 + 8 + 8 + 8 by default): every program histograms the digit of its
 entries still in play (the higher bits equal the prefix found so far) with tl.histogram and adds
-it into the row's histogram with atomics; the last program of the row (a counter) picks the digit that holds the
-k-th entry, narrows the prefix and clears the histogram. The select pass then writes every
-entry above V and the first (k - #above) entries equal to V in index order (the last pass's
-per-program counts give each program how many equal entries come before its chunk); its last
-program sorts the k selected by (key, then lower index) and writes indices and values. That is
+it into the row's histogram with atomics; the last program of the row (a counter) picks the
+digit that holds the k-th entry, narrows the prefix and clears the histogram. The select pass
+then writes every entry above V and the first (k - #above) entries equal to V in index order
+(the last pass's per-program counts give each program how many equal entries come before its
+chunk); its last program sorts the k selected by (key, then lower index) and writes indices and values. That is
 the reference's stable order exactly.
 
 NaN scores are not checked (that would sync the host every call) and do not order as the
 reference's sort orders them; index scores are finite or -inf.
 
-Why 8-bit digits on 1K-entry chunks: tl.histogram builds each warp's histogram from one ballot
+Why 8-bit digits on 512-entry chunks: tl.histogram builds each warp's histogram from one ballot
 per digit bit, and then every thread popcounts the bins it owns, so its cost per entry grows
 with bins / 32 x bits. The first radix version (11/11/10-bit digits, 4K-entry chunks, 8 warps:
 ~64 owned bins x 12 steps per entry) ran 70 us at 128K entries on the H200, slower than the
-stable sort (59 us); 256 bins cost ~1/10 of that per entry, for one more launch. The version
-before it (bitonic tl.topk per 8K-entry chunk, merged by one program) took 182 us
-(docs/benchmarks.md).
+stable sort (59 us); 256 bins cost ~1/10 of that per entry, for one more launch: 23.7-25.3 us,
+bit-exact (H200, 2026-12-02). The version before it (bitonic tl.topk per 8K-entry chunk, merged
+by one program) took 182 us (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -181,7 +181,8 @@ class StableTopkLauncher(LauncherBase):
         lead = scores.shape[:-1]
         rows = scores.numel() // max(n, 1)
         if n == 0 or rows == 0:
-            return (scores.new_empty(*lead, 0), torch.empty(*lead, 0, dtype=torch.int64, device=scores.device))
+            return (scores.new_empty(*lead, 0),
+                    torch.empty(*lead, 0, dtype=torch.int64, device=scores.device))
         kp = next_pow2(k_out)
         if kp > self._overrides.get("MAX_K", 8192) or n >= 2**31:
             return stable_topk_reference(scores, k)  # more than one program sorts, or 32-bit indices
