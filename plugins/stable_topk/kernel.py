@@ -9,8 +9,8 @@ it into the row's histogram with atomics; the last program of the row (a counter
 digit that holds the k-th entry, narrows the prefix and clears the histogram. The select pass
 then writes every entry above V and the first (k - #above) entries equal to V in index order
 (the last pass's per-program counts give each program how many equal entries come before its
-chunk); its last program sorts the k selected by (key, then lower index) and writes indices and values. That is
-the reference's stable order exactly.
+chunk); its last program sorts the k selected by (key, then lower index) and writes indices
+and values. That is the reference's stable order exactly.
 
 NaN scores are not checked (that would sync the host every call) and do not order as the
 reference's sort orders them; index scores are finite or -inf.
