@@ -190,11 +190,20 @@ def _sweep_one(res: dict, label: str, make, call, want, rel: float, graph: bool)
         logging.info("sweep %s: %s", label, str(exc).splitlines()[0][:100])
 
 
-def sweep(gen) -> dict:
-    """Launch parameters of the attention and mHC kernels at decode and prefill sizes, each
-    setting checked against the default one first; the defaults in launch_config come from
-    these runs."""
+SWEEPS = ("attn", "topk", "fp4", "mhc")
+
+
+def sweep(gen, parts: tuple = SWEEPS) -> dict:
+    """Launch parameters of the attention, top-k, FP4 index and mHC kernels at decode and prefill
+    sizes, each setting checked against the default one first; the defaults in launch_config
+    come from these runs."""
     res = {}
+    for part in parts:
+        {"attn": _sweep_attention, "topk": _sweep_topk, "fp4": _sweep_index_fp4, "mhc": _sweep_mhc}[part](res, gen)
+    return res
+
+
+def _sweep_attention(res: dict, gen) -> None:
     for rows in (1, 64):
         q = torch.randn(1, rows, HEADS, HEAD_DIM, generator=gen).to("cuda", BF16)
         kv = torch.randn(1, 65536, HEAD_DIM, generator=gen).to("cuda", BF16)
@@ -211,6 +220,9 @@ def sweep(gen) -> dict:
             _sweep_one(res, f"attn rows={rows} {over}",
                        lambda: attn_kernel.SparseAttentionLauncher(overrides=over), lambda f: f(*args),
                        want, 1e-2, graph=True)
+
+
+def _sweep_topk(res: dict, gen) -> None:
     scores = torch.relu(torch.randn(1, 131072, generator=gen)).cuda()  # ties at 0, as index scores
     want = stable_topk_reference(scores, TOPK)
     for digits in ((8, 8, 8, 8), (11, 11, 10), (6, 6, 6, 7, 7)):
@@ -218,6 +230,9 @@ def sweep(gen) -> dict:
             over = dict(DIGITS=digits, CHUNK=chunk, num_warps=nw)
             _sweep_one(res, f"topk n=131072 {over}", lambda: StableTopkLauncher(overrides=over),
                        lambda f: f(scores, TOPK), want, 0.0, graph=True)
+
+
+def _sweep_index_fp4(res: dict, gen) -> None:
     n = 131072  # FP4 index keys at 128K entries: block sizes, warps
     iq = torch.randn(1, 1, INDEX_HEADS, INDEX_DIM, generator=gen).to("cuda", BF16)
     iw = torch.randn(1, 1, INDEX_HEADS, generator=gen).cuda()
@@ -229,24 +244,30 @@ def sweep(gen) -> dict:
         _sweep_one(res, f"index fp4 n={n} {over}", lambda: over,
                    lambda f: index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible, overrides=f),
                    want, 1e-2, graph=True)
+
+
+def _sweep_mhc(res: dict, gen) -> None:
     for tokens in (1, 8192):
         args = [t.cuda() for t in mhc_inputs(tokens, gen)] + [20, 1e-6, 1e-6]
         want = mhc_kernel.MhcBoundaryLauncher()(*args)
         few = tokens <= 64
         # num_stages: how deep Triton's software pipeline runs the channel loop's loads
         grid = ([(1, 32, 4, 3), (1, 64, 4, 3), (1, 32, 4, 1)] if few else
-                [(32, 32, 4, 3), (32, 32, 4, 2), (32, 16, 4, 3), (16, 16, 4, 3)])
+                [(32, 32, 4, 3), (32, 32, 4, 2), (32, 16, 4, 3), (64, 32, 8, 3)])
         for bt, be, nw, stages in grid:
             over = dict(BLOCK_E=be, BLOCK_T=bt, num_warps=nw, num_stages=stages)
             _sweep_one(res, f"mhc tokens={tokens} {over}",
                        lambda: mhc_kernel.MhcBoundaryLauncher(overrides=over), lambda f: f(*args),
                        want, 2e-2, graph=few)
+        if not few:  # the projection as one tf32 dot (session 3's) against two bf16 dots (hi, lo)
+            over = dict(PROJ=0)
+            _sweep_one(res, f"mhc tokens={tokens} {over}", lambda: mhc_kernel.MhcBoundaryLauncher(overrides=over),
+                       lambda f: f(*args), want, 2e-2, graph=False)
         if tokens == 1:  # what the Sinkhorn epilogue costs: the same launch with one iteration
             one = args[:-3] + [1, 1e-6, 1e-6]
             f = mhc_kernel.MhcBoundaryLauncher()
             res["mhc tokens=1 sinkhorn iters=1 (diagnostic)"] = 1e3 * time_ms(lambda: f(*one), graph=True)
             logging.info("sweep mhc tokens=1 sinkhorn iters=1: %.1f us", res["mhc tokens=1 sinkhorn iters=1 (diagnostic)"])
-    return res
 
 
 def plot(results: dict, path: Path) -> None:
@@ -282,13 +303,18 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also sweep launch parameters")
     ap.add_argument("--csa2-only", action="store_true", help="only the CSA2 layer table")
     ap.add_argument("--sweep-only", action="store_true", help="only the launch-parameter sweep")
+    ap.add_argument("--sweep-parts", default=",".join(SWEEPS), help=f"which sweeps, of {','.join(SWEEPS)}")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
     if args.sweep_only:
-        (out / "sweep.json").write_text(json.dumps(sweep(gen), indent=1))
+        parts = tuple(p for p in args.sweep_parts.split(",") if p)
+        bad = [p for p in parts if p not in SWEEPS]
+        if bad:
+            ap.error(f"unknown sweep parts {bad}; known: {SWEEPS}")
+        (out / "sweep.json").write_text(json.dumps(sweep(gen, parts), indent=1))
         return
     res = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
            "torch": torch.__version__, "triton": triton.__version__, "ceilings": ceilings(args.quick)}
