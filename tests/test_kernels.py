@@ -128,16 +128,15 @@ def _fp4_keys_probe(codes_ptr, exps_ptr, out_ptr, N, J: tl.constexpr, BLOCK_N: t
 
 @pytest.mark.parametrize("j", [128, 96])
 def test_fp4_key_decode_bf16_is_exact(gen, j):
-    """bf16 FP4 keys as the kernel builds them (bit patterns where a block's exponents are normal,
-    fp32 otherwise) equal the reference's unpacking exactly, both paths; this covers the
-    decode where the interpreter cannot check the bf16 dot itself (its bf16 tl.dot is not
-    emulated, so DTYPES is fp32 there)."""
+    """bf16 FP4 keys as the kernel decodes them equal the reference's unpacking exactly, normal
+    and extreme exponents alike; this covers the decode where the interpreter cannot check the
+    bf16 dot itself (its bf16 tl.dot is not emulated, so DTYPES is fp32 there)."""
     n, block = 150, 64
     k = torch.randn(1, n, j, generator=gen) * torch.logspace(-30, 30, n).view(1, n, 1)
     codes, exps = fp4_pow2_pack(k)
-    # the last block takes the fp32 path (127: keys overflow to inf as in the reference); the
-    # bit-pattern path's bounds, -125 and 126; on the GPU also the exponents that make bf16
-    # subnormals (the interpreter's fp32 -> bf16 conversion does not round subnormals as CUDA does)
+    # extreme exponents (127: keys overflow to inf as in the reference); on the GPU also those
+    # that make bf16 subnormals (the interpreter's fp32 -> bf16 conversion does not round
+    # subnormals as CUDA does)
     extremes = [127, -125, 126] + ([] if interpreting() else [-126, -128])
     for i, x in enumerate(extremes):
         exps[0, 140 + i, i % (j // 32)] = x

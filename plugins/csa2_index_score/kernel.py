@@ -90,26 +90,12 @@ def _exact_pow2(e):
 
 
 @triton.jit
-def _e2m1_bf16_bits(nib, e):
-    """bf16 bit patterns (in int32) of grid(nib) x 2^e, built from integers alone (no int-to-float
-    conversions, no multiply): a grid value is (1 + m/2) 2^(ex-1) for ex = code >> 1 >= 1, 0.5 for
-    code 1, 0 for code 0, so 2^e only moves the exponent field. Exact while that field stays
-    normal, i.e. for e in [-125, 126]; the caller takes the fp32 path otherwise."""
-    code = nib & 7
-    ex = code >> 1
-    field = tl.where(ex > 0, ex + 126, 126) + e
-    mag = tl.where(code == 0, 0, (field << 7) | tl.where(ex > 0, (code & 1) << 6, 0))
-    return ((nib & 8) << 12) | mag
-
-
-@triton.jit
 def _fp4_keys(codes_ptr, exps_ptr, entry, nmask, J: tl.constexpr, BLOCK_N: tl.constexpr,
               GP: tl.constexpr, dtype):
     """Keys [BLOCK_N, GP * 32] in dtype, exact (grid value x 2^e): the codes as [BLOCK_N, GP, 16]
     bytes (each scale group's 16 bytes one contiguous load), each group's exponent broadcast
     over its bytes, the low (even channel) and high (odd channel) nibbles interleaved back by a
-    join and a reshape. bf16 keys whose block has only exponents in [-125, 126] (every block
-    the packer writes) are built as bit patterns; others go through fp32."""
+    join and a reshape."""
     G: tl.constexpr = J // 32
     g = tl.arange(0, GP)
     hb = tl.arange(0, 16)
@@ -117,21 +103,10 @@ def _fp4_keys(codes_ptr, exps_ptr, entry, nmask, J: tl.constexpr, BLOCK_N: tl.co
     byte = tl.load(codes_ptr + entry[:, None, None] * (J // 2) + g[None, :, None] * 16 + hb[None, None, :],
                    mask=gm[:, :, None], other=0).to(tl.int32)
     e = tl.load(exps_ptr + entry[:, None] * G + g[None, :], mask=gm, other=0).to(tl.int32)
-    if dtype == tl.bfloat16:
-        normal = tl.min(tl.where(gm, (e >= -125) & (e <= 126), 1).to(tl.int32))
-    else:
-        normal = 0
-    if normal != 0:
-        ee = e[:, :, None]
-        even = _e2m1_bf16_bits(byte & 15, ee).to(tl.int16).to(tl.bfloat16, bitcast=True)
-        odd = _e2m1_bf16_bits(byte >> 4, ee).to(tl.int16).to(tl.bfloat16, bitcast=True)
-        keys = tl.reshape(tl.join(even, odd), [BLOCK_N, GP * 32])
-    else:
-        scale = _exact_pow2(e)[:, :, None]
-        even = _e2m1_values(byte & 15) * scale
-        odd = _e2m1_values(byte >> 4) * scale
-        keys = tl.reshape(tl.join(even, odd), [BLOCK_N, GP * 32]).to(dtype)
-    return keys
+    scale = _exact_pow2(e)[:, :, None]
+    even = _e2m1_values(byte & 15) * scale
+    odd = _e2m1_values(byte >> 4) * scale
+    return tl.reshape(tl.join(even, odd), [BLOCK_N, GP * 32]).to(dtype)
 
 
 @triton.jit
@@ -143,7 +118,9 @@ def csa2_index_score_fp4_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, vis_ptr, S, N
     key tile. H200, 128K entries (docs/benchmarks.md): 25.9 us, 9% of its roofline and still
     2.7x the bf16 kernel's 9.7 us, so the model keeps bf16 keys. Measured and dropped: one
     byte and one exponent gather per channel (49 us), 16-channel dots per scale group and
-    nibble (55 us), even/odd channel halves with two dots (35-101 us over block sizes)."""
+    nibble (55 us), even/odd channel halves with two dots (35-101 us over block sizes), bf16 keys
+    built as bit patterns from integer ops alone (25.0 us: the decode arithmetic is not what
+    limits it)."""
     b, s, n, nmask, vis = _entry_block(vis_ptr, S, N, BLOCK_N)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     if tl.max(vis.to(tl.int32), axis=0) > 0:

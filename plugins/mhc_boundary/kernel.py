@@ -6,8 +6,8 @@ sigmoids, Sinkhorn and the RMSNorm of the next input.
 Grid: (token blocks of BLOCK_T, channel splits). Each program streams its channels in chunks of
 BLOCK_E: R = post y + comb^T R_prev
 (rounded once to the stream dtype, as the reference), x = sum_k pre_k R_k (rounded, stored
-unnormalised), and accumulates R . fn^T on the tensor cores (bf16 streams: two bf16 dots over
-fn's hi and lo parts; fp16: tf32; fp32: exact; exact fp32 products below 16 tokens) with sum R^2 and sum x^2. With many tokens one
+unnormalised), and accumulates R . fn^T on the tensor cores (tf32 for 16-bit streams, exact for
+fp32; exact fp32 products below 16 tokens) with sum R^2 and sum x^2. With many tokens one
 program owns whole rows (SPLIT = 0) and finishes them itself. With few tokens (decode) the
 channels are split over programs so the whole GPU reads fn; each split stores its partial sums
 in a workspace slot, and the last program of a token block (a counter) adds them up in a fixed
@@ -99,7 +99,7 @@ def _coefficients(post_ptr, comb_ptr, pre_ptr, t64, tmask, C: tl.constexpr):
 @triton.jit
 def _mix_chunk(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, new_ptr, x_ptr, t64, tmask,
                e0, e_hi, acc, sumsq_r, sumsq_x, C: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
-               MP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, PROJ: tl.constexpr):
+               MP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, IEEE: tl.constexpr):
     """One chunk of BLOCK_E channels of BLOCK_T tokens: new R, the collapse x and the projection
     onto fn, one output stream at a time so every tile stays 2-D [BLOCK_T, BLOCK_E] (3-D
     [T, C, E] tiles with a reshape for the dot ran 2x slower on the H200). Each input stream tile
@@ -132,15 +132,8 @@ def _mix_chunk(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, new_ptr,
                        mask=(m < M)[:, None] & emask[None, :], other=0.0).to(tl.float32)
         if BLOCK_T < 16:  # too few rows for the tensor cores: exact fp32 products, summed
             acc += tl.sum(nf[:, None, :] * fn_k[None, :, :], axis=2)
-        elif PROJ == 1:  # fp32 streams: exact products
+        elif IEEE:
             acc += tl.dot(nf, tl.trans(fn_k), input_precision="ieee")
-        elif PROJ == 2:
-            # bf16 streams: R'_k is bf16 already, and fn = hi + lo in two bf16 parts (16
-            # significant bits, against tf32's 11), so two bf16 dots with exact products
-            fn_hi = fn_k.to(tl.bfloat16)
-            fn_lo = (fn_k - fn_hi.to(tl.float32)).to(tl.bfloat16)
-            acc = tl.dot(new_k, tl.trans(fn_hi), acc)
-            acc = tl.dot(new_k, tl.trans(fn_lo), acc)
         else:
             acc += tl.dot(nf, tl.trans(fn_k), input_precision="tf32")
     x = x_acc.to(x_ptr.dtype.element_ty)
@@ -198,7 +191,7 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
                         C: tl.constexpr, E: tl.constexpr, M: tl.constexpr, MP: tl.constexpr,
                         ITERS: tl.constexpr, HC_EPS: tl.constexpr, RMS_EPS: tl.constexpr,
                         BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, NSP: tl.constexpr,
-                        E_P2: tl.constexpr, SPLIT: tl.constexpr, PROJ: tl.constexpr):
+                        E_P2: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr):
     # TensorRT's AOT order: inputs, integer scalars, outputs. The workspace comes last: the
     # TensorRT build compiles SPLIT = 0, which never touches it.
     pid_t = tl.program_id(0)
@@ -213,7 +206,7 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
     for e0 in range(e_lo, e_hi, BLOCK_E):
         acc, sumsq_r, sumsq_x = _mix_chunk(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, new_ptr,
                                            x_ptr, t64, tmask, e0, e_hi, acc, sumsq_r, sumsq_x, C, E, M, MP,
-                                           BLOCK_T, BLOCK_E, PROJ)
+                                           BLOCK_T, BLOCK_E, IEEE)
     if SPLIT:
         m = tl.arange(0, MP)
         slot = tl.program_id(1).to(tl.int64) * T + t64
@@ -307,21 +300,15 @@ def launch_config(tokens: int, hc: int, hidden: int, dtype: torch.dtype) -> dict
     rows of BLOCK_T tokens. Settings from the H200 sweeps (docs/benchmarks.md): one token 8.8 us
     with 32-channel chunks (64: 10.6 us, 16 rows with the tensor cores: 14.3 us); 8,192 tokens
     650 us at 32 rows x 32 channels x 4 warps, 3 stages (2 stages: 687 us, 16-channel chunks:
-    775 us, 16 rows: 1,072 us, 8 warps: 918-1,250 us)."""
+    775 us, 16 rows: 1,072 us, 8 warps: 918-1,250 us; the projection as two bf16 dots over fn's
+    hi and lo parts instead of one tf32 dot: 750 us)."""
     few = tokens <= 64
     # one to four tokens: that many rows per program and the projection as fp32 products (the
     # tensor cores need 16 rows); BLOCK_T * C * BLOCK_E * MP stays at 16K values or fewer
     block_t = next_pow2(tokens) if tokens <= 4 else 16 if few else 32
     block_e = 32
     return dict(BLOCK_T=block_t, BLOCK_E=min(block_e, next_pow2(hidden, 16)),
-                MP=next_pow2((2 + hc) * hc, 16), PROJ=_projection_mode(dtype), num_warps=4)
-
-
-def _projection_mode(dtype: torch.dtype) -> int:
-    """How many-token programs run the projection onto fn: 1 exact fp32 (fp32 streams), 2 two
-    bf16 dots over fn's hi and lo parts (bf16 streams), 0 tf32 (fp16 streams: fn's low part
-    would fall below fp16's normal range)."""
-    return {torch.float32: 1, torch.bfloat16: 2}.get(dtype, 0)
+                MP=next_pow2((2 + hc) * hc, 16), IEEE=dtype == torch.float32, num_warps=4)
 
 
 def mhc_boundary(streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next, base_next, scale_next,
