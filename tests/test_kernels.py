@@ -222,6 +222,17 @@ def test_tiny_model_runs_on_the_kernels(tiny_cfg, gen, topk_kernel):
     assert_close(got.cpu(), expected.cpu(), MODEL, "tiny logits, triton vs reference ops")
 
 
+@pytest.mark.parametrize("digits", [(8, 8, 8), (12, 10, 10), (0, 16, 16)])
+def test_stable_topk_rejects_bad_digit_schedules(digits):
+    """A digit schedule that does not cover the 32-bit key, or has a digit the kernel cannot hold,
+    is refused before any launch, naming the widths."""
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
+
+    launcher = topk_kernel.StableTopkLauncher(overrides={"DIGITS": digits})
+    with pytest.raises(ValueError, match=r"digit widths .* 1\.\.11 bits each and add up to 32"):
+        launcher(*_dev(torch.rand(1, 100)), 4)
+
+
 @pytest.mark.parametrize("rows,n,k,chunk", [(3, 50, 4, None), (2, 300, 8, 64), (1, 1000, 16, 128), (2, 5, 8, None),
                                             (1, 3000, 100, 256), (2, 700, 1, 128), (1, 64, 64, 16)])
 @pytest.mark.parametrize("digits", [None, (11, 11, 10), (5, 9, 7, 11)])
