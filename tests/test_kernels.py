@@ -154,6 +154,8 @@ def test_fp4_key_decode_bf16_is_exact(gen, j):
     (1, 4, 3, 130, 9, 3, 2, 2, {}),
     # 6 splits of one block, 2 head blocks (the last one partly masked)
     (1, 2, 20, 40, 90, 50, 30, 7, {"BLOCK_K": 16, "BLOCK_H": 16}),
+    # 6 rows x 2 head blocks x 4 splits of 2 blocks each (the last split partly empty)
+    (2, 3, 20, 40, 90, 50, 60, 4, {"BLOCK_K": 16, "BLOCK_H": 16}),
     (1, 64, 40, 256, 50, 8, 10, None, {})])  # 64 rows of a wide head, 3 head blocks
 def test_sparse_attention_kernel(gen, dtype, b, s, h, d, n, k, t, n_split, cfg):
     q = torch.randn(b, s, h, d, generator=gen).to(dtype)
@@ -170,6 +172,10 @@ def test_sparse_attention_kernel(gen, dtype, b, s, h, d, n, k, t, n_split, cfg):
         assert torch.count_nonzero(got[-1, -1]) == 0
         assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, dtype,
                               f"Csa2SparseAttention split={n_split}")
+        # the split launch leaves its tickets and counts at zero for the next launch
+        assert all(torch.count_nonzero(ctl) == 0 for _, _, ctl in launcher._ws.values())
+    if n_split is not None:  # a split ran the one-launch split kernel (it holds the workspace)
+        assert (n_split > 1) == bool(launcher._ws)
 
 
 def mhc_args(gen, b, s, c, e, dtype):
@@ -253,3 +259,6 @@ def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk, digits):
     for _ in range(2):
         got_v, got_i = launcher(*_dev(scores), k)
         assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
+        # tickets, pass counts and histograms are back at zero for the next launch
+        for ws in launcher._ws.values():
+            assert torch.count_nonzero(ws["ctl"]) == 0 and torch.count_nonzero(ws["hist"]) == 0

@@ -129,18 +129,67 @@ def test_mhc_boundary_flash_sizes(gen, tokens, n_split):
         assert_kernel_matches(got, mhc_ref.mhc_boundary, args, attrs, BF16, f"mhc {tokens} tokens")
 
 
-def test_mhc_boundary_is_one_launch(gen):
+def kernels_launched(call) -> list[str]:
+    """Names of the CUDA kernels one call launches (after a first call that compiles and
+    allocates the workspace)."""
     from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+def decode_attention_inputs(gen, n=131072):
+    """One decode row at the released sizes: 512 selected entries + the 128-key window."""
+    return (torch.randn(1, 1, 64, 512, generator=gen).to(BF16), torch.randn(1, n, 512, generator=gen).to(BF16),
+            torch.randint(-1, n, (1, 1, 512), generator=gen), torch.randn(1, 128, 512, generator=gen).to(BF16),
+            torch.rand(1, 1, 128, generator=gen) > 0.1, torch.randn(64, generator=gen), 512 ** -0.5)
+
+
+def test_boundary_attention_and_topk_are_one_launch_each(gen):
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
 
     args = cuda(*mhc_inputs(gen, 1))
     launcher = mhc_kernel.MhcBoundaryLauncher()
-    launcher(*args, 20, 1e-6, 1e-6)  # compiles and allocates the workspace
+    assert kernels_launched(lambda: launcher(*args, 20, 1e-6, 1e-6)) == ["mhc_boundary_kernel"]
+    attn = attn_kernel.SparseAttentionLauncher()
+    a = cuda(*decode_attention_inputs(gen, 4096))
+    assert kernels_launched(lambda: attn(*a)) == ["csa2_sparse_attention_split_kernel"]
+    topk = topk_kernel.StableTopkLauncher()
+    scores = torch.randn(1, 131072, device="cuda")
+    assert kernels_launched(lambda: topk(scores, 512)) == ["radix_topk_kernel"]
+
+
+def test_ticket_ordered_kernels_under_graph_replay(gen):
+    """The split attention and the top-k keep tickets and counts inside one launch and clear
+    them for the next: captured once as a CUDA graph and replayed on fresh inputs, each replay
+    equals the reference (a race or a counter left over shows up as a wrong replay)."""
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
+    from dsflash.plugins.stable_topk import reference as topk_ref
+
+    attn, topk = attn_kernel.SparseAttentionLauncher(), topk_kernel.StableTopkLauncher()
+    a_in = cuda(*decode_attention_inputs(gen))
+    s_in = torch.relu(torch.randn(2, 131072, device="cuda"))
+    attn(*a_in), topk(s_in, 512)  # compile, allocate the workspaces
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        launcher(*args, 20, 1e-6, 1e-6)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        a_out = attn(*a_in)
+        v_out, i_out = topk(s_in, 512)
+    for _ in range(8):
+        fresh = decode_attention_inputs(gen)
+        for dst, src in zip(a_in[:6], fresh[:6]):
+            dst.copy_(src)
+        scores = torch.relu(torch.randn(2, 131072, generator=gen)).round(decimals=2)  # many ties
+        s_in.copy_(scores)
+        graph.replay()
         torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-    assert kernels == ["mhc_boundary_kernel"], kernels
+        assert_kernel_matches(a_out.clone(), attn_ref.csa2_sparse_attention, fresh, {}, BF16, "attention replay")
+        want_v, want_i = topk_ref.stable_topk(scores, 512)
+        assert torch.equal(i_out.cpu(), want_i) and torch.equal(v_out.cpu(), want_v)
 
 
 def test_cuda_graph_decode_with_kernels_gives_reference_tokens(tiny_cfg, gen):

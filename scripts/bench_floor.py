@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""What one launch costs on this GPU at all, graph-replayed (PIPELINE.md §8): the floor under any
+decode-sized kernel, against which the decode targets of docs/benchmarks.md are judged.
+
+- an empty kernel (80 programs): the launch and retire cost of one graph node;
+- a dependent chain (80 programs): load an index, gather one 1 KB row at it, store the row:
+  the shortest form of what sparse attention does per key block (index -> gather -> store);
+- the same chain twice in a row: what one more dependent launch adds.
+
+Each is timed by `triton.testing.do_bench_cudagraph` (median); the script prints a short table
+and writes floor.json.
+
+    python scripts/bench_floor.py --out gpu_out
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+import triton.testing
+
+PROGRAMS, ROW = 80, 512  # the decode attention's split grid; a 512-dim bf16 row (1 KB)
+
+
+@triton.jit
+def empty_kernel(x_ptr):
+    pass
+
+
+@triton.jit
+def gather_chain_kernel(idx_ptr, src_ptr, dst_ptr, ROW: tl.constexpr):
+    p = tl.program_id(0)
+    i = tl.load(idx_ptr + p)
+    d = tl.arange(0, ROW)
+    tl.store(dst_ptr + p * ROW + d, tl.load(src_ptr + i * ROW + d))
+
+
+def graph_us(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median")
+
+
+def measure() -> dict:
+    rows = 1 << 20
+    src = torch.randn(rows, ROW, device="cuda").to(torch.bfloat16)
+    idx = torch.randint(0, rows, (PROGRAMS,), device="cuda")
+    dst = torch.empty(PROGRAMS, ROW, device="cuda", dtype=torch.bfloat16)
+    dst2 = torch.empty_like(dst)
+    chain_idx = torch.arange(PROGRAMS, device="cuda")
+
+    def chain():
+        gather_chain_kernel[(PROGRAMS,)](idx, src, dst, ROW=ROW)
+
+    def chain_twice():  # the second launch reads what the first wrote
+        gather_chain_kernel[(PROGRAMS,)](idx, src, dst, ROW=ROW)
+        gather_chain_kernel[(PROGRAMS,)](chain_idx, dst, dst2, ROW=ROW)
+
+    chain()
+    torch.cuda.synchronize()
+    assert torch.equal(dst, src[idx]), "gather_chain_kernel gathered the wrong rows"
+    return {"gpu": torch.cuda.get_device_name(), "empty_us": graph_us(lambda: empty_kernel[(PROGRAMS,)](dst)),
+            "gather_chain_us": graph_us(chain), "gather_chain_twice_us": graph_us(chain_twice)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    res = measure()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "floor.json").write_text(json.dumps(res, indent=1))
+    logging.info("launch floor (%s, graph replay, median): empty kernel %.2f us | index -> gather -> store "
+                 "%.2f us | the same chain twice %.2f us", res["gpu"], res["empty_us"], res["gather_chain_us"],
+                 res["gather_chain_twice_us"])
+
+
+if __name__ == "__main__":
+    main()
