@@ -254,7 +254,7 @@ def _sweep_mhc(res: dict, gen) -> None:
         # num_stages: how deep Triton's software pipeline runs the channel loop's loads
         grid = ([(1, 32, 4, 3), (1, 64, 4, 3), (1, 32, 4, 1)] if few else
                 [(32, 32, 4, 3), (32, 32, 4, 2), (64, 32, 4, 3), (64, 32, 8, 3), (32, 64, 4, 3),
-                 (32, 64, 8, 3)])
+                 (32, 64, 8, 3), (32, 128, 8, 2)])
         for bt, be, nw, stages in grid:
             over = dict(BLOCK_E=be, BLOCK_T=bt, num_warps=nw, num_stages=stages)
             _sweep_one(res, f"mhc tokens={tokens} {over}",
