@@ -101,7 +101,31 @@ def test_index_score_fp4_kernel(gen, dtype, b, s, i, j, n):
         index_kernel.csa2_index_score_fp4(*_dev(q, w, codes, exps.int(), visible))
 
 
-def test_index_score_fp4_extreme_scales(gen):
+@pytest.mark.parametrize("b,s,i,j,n", [(2, 3, 16, 32, 70), (1, 2, 32, 128, 300), (1, 1, 16, 96, 40)])
+def test_index_score_fp4_tensor_core_path(gen, b, s, i, j, n):
+    """The FP8 tensor-core path (fp4_mma.py: keys as e4m3 bytes, queries as two e4m3 parts per
+    head scale). Queries here have 8 significant bits within 2^8 of their head's largest, so the
+    split is exact: the interpreter's exact FP8 products must then meet the fp32 bound, which
+    checks the decode, the channel order, the scales and the split. The GPU runs it in bf16 on
+    random queries (bf16 bound)."""
+    dtype = torch.float32 if interpreting() else torch.bfloat16
+    mag = torch.randint(1, 256, (b, s, i, j), generator=gen) / 64.0
+    q = (mag * torch.where(torch.rand(b, s, i, j, generator=gen) < 0.5, -1.0, 1.0)).to(dtype)
+    w = torch.randn(b, s, i, generator=gen)
+    k = torch.randn(b, n, j, generator=gen) * torch.logspace(-4, 4, n).view(1, n, 1)
+    codes, exps = fp4_pow2_pack(k)
+    visible = torch.rand(b, s, n, generator=gen) > 0.3
+    visible[-1, -1, : min(n, 128)] = False  # a whole entry block skipped
+    args = (q, w, codes, exps, visible)
+    got = index_kernel.csa2_index_score_fp4(*_dev(*args), overrides={"PATH": "mma"})
+    assert_kernel_matches(got, index_ref.csa2_index_score_fp4, args, {}, dtype, "Csa2IndexScore(fp4, FP8 MMA)")
+    with pytest.raises(ValueError, match="power-of-two head count >= 16, got 12"):
+        index_kernel.csa2_index_score_fp4(*_dev(q[:, :, :12], w[:, :, :12], codes, exps, visible),
+                                          overrides={"PATH": "mma"})
+
+
+@pytest.mark.parametrize("path", ["decode", "mma"])
+def test_index_score_fp4_extreme_scales(gen, path):
     """Any int8 exponent decodes exactly as the reference does: below -126 (never packed, still
     valid int8) the reference's subnormal keys, and large ones (exact sums of equal keys here, so
     the check is bit for bit; random keys at such scales make the dot ill-conditioned, and the
@@ -112,7 +136,7 @@ def test_index_score_fp4_extreme_scales(gen):
     exps = torch.tensor([[[-128], [-127], [-126], [0], [60], [100]]], dtype=torch.int8)
     visible = torch.ones(1, 1, 6, dtype=torch.bool)
     want = index_ref.csa2_index_score_fp4(q, w, codes, exps, visible)
-    got = index_kernel.csa2_index_score_fp4(*_dev(q, w, codes, exps, visible))
+    got = index_kernel.csa2_index_score_fp4(*_dev(q, w, codes, exps, visible), overrides={"PATH": path})
     assert torch.all(want > 0) and torch.equal(got.cpu(), want)
 
 

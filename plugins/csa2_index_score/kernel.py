@@ -18,7 +18,15 @@ import torch
 import triton
 import triton.language as tl
 
-from dsflash.plugins.launch import FLOATS, check_device, check_dtype, check_shape, next_pow2, require
+from dsflash.plugins.launch import (
+    FLOATS,
+    check_device,
+    check_dtype,
+    check_shape,
+    interpreting,
+    next_pow2,
+    require,
+)
 
 
 @triton.jit
@@ -81,7 +89,7 @@ def _e2m1_values(nib):
 
 
 @triton.jit
-def _exact_pow2(e):
+def exact_pow2(e):
     """2^e in fp32 for every int8 e, exactly: two normal powers of two (2^max(e, -126) *
     2^min(e + 126, 0)), so exponents below -126 (never written by the packer) give subnormals."""
     hi_pow = ((tl.maximum(e, -126) + 127) << 23).to(tl.float32, bitcast=True)
@@ -103,7 +111,7 @@ def _fp4_keys(codes_ptr, exps_ptr, entry, nmask, J: tl.constexpr, BLOCK_N: tl.co
     byte = tl.load(codes_ptr + entry[:, None, None] * (J // 2) + g[None, :, None] * 16 + hb[None, None, :],
                    mask=gm[:, :, None], other=0).to(tl.int32)
     e = tl.load(exps_ptr + entry[:, None] * G + g[None, :], mask=gm, other=0).to(tl.int32)
-    scale = _exact_pow2(e)[:, :, None]
+    scale = exact_pow2(e)[:, :, None]
     even = _e2m1_values(byte & 15) * scale
     odd = _e2m1_values(byte >> 4) * scale
     return tl.reshape(tl.join(even, odd), [BLOCK_N, GP * 32]).to(dtype)
@@ -171,7 +179,9 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
                          overrides: dict | None = None) -> torch.Tensor:
     """The reference's (reference.py:csa2_index_score_fp4) signature: keys as FP4 codes [B, N, J/2]
     (uint8) with one int8 exponent per 32 channels [B, N, J/32] (model/quant.py:fp4_pow2_pack).
-    `overrides` replaces launch parameters (BLOCK_N, num_warps: benchmark sweeps)."""
+    bf16 queries with a power-of-two head count of 16 or more run on the FP8 tensor cores
+    (fp4_mma.py), other queries through the exact bf16/fp32 decode above. `overrides` replaces
+    launch parameters (PATH "mma" or "decode", BLOCK_N, num_warps: benchmark sweeps, tests)."""
     op = "Csa2IndexScore(fp4)"
     check_shape(op, "q", q_BSIJ, (None, None, None, None))
     b, _, _, j = q_BSIJ.shape
@@ -184,8 +194,27 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     check_dtype(op, "codes", codes_BNH, (torch.uint8,))
     check_dtype(op, "exps", exps_BNG, (torch.int8,))
     check_device(op, q=q_BSIJ, w=w_BSI, codes=codes_BNH, exps=exps_BNG, visible=visible_BSN)
-    return _launch(csa2_index_score_fp4_kernel, q_BSIJ, w_BSI, (codes_BNH, exps_BNG), n, visible_BSN,
-                   overrides)
+    over = dict(overrides or {})
+    heads = q_BSIJ.shape[2]
+    mma_fits = heads >= 16 and heads == next_pow2(heads)
+    path = over.pop("PATH", "mma" if mma_fits and q_BSIJ.dtype == torch.bfloat16 else "decode")
+    if path == "decode":
+        return _launch(csa2_index_score_fp4_kernel, q_BSIJ, w_BSI, (codes_BNH, exps_BNG), n, visible_BSN,
+                       over)
+    require(mma_fits, f"{op}: the FP8 tensor-core path needs a power-of-two head count >= 16, got {heads}")
+    from dsflash.plugins.csa2_index_score.fp4_mma import csa2_index_score_fp4_mma_kernel
+
+    q, w, vis = q_BSIJ.contiguous(), w_BSI.contiguous(), visible_BSN.contiguous().view(torch.uint8)
+    out = torch.empty(b, q.shape[1], n, dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out
+    # 64 entries x 4 warps: one m64n32k32 product per part and group, 132 registers (ptxas,
+    # sm_90); 128 x 4 spills
+    cfg = {"BLOCK_N": 64, "num_warps": 4} | over
+    csa2_index_score_fp4_mma_kernel[(b * q.shape[1], triton.cdiv(n, cfg["BLOCK_N"]))](
+        q, w, codes_BNH.contiguous(), exps_BNG.contiguous(), vis, q.shape[1], n, out, I=heads, J=j,
+        JP=next_pow2(j), ASM=not interpreting(), **cfg)
+    return out
 
 
 def launch_config(heads: int, dim: int, dtype: torch.dtype) -> dict:
