@@ -213,10 +213,12 @@ def _sweep_attention(res: dict, gen) -> None:
         sink = torch.randn(HEADS, generator=gen).cuda()
         args = (q, kv, idx, win, wmask, sink, 0.04)
         want = (attn_kernel.SparseAttentionLauncher()(*args),)
-        grid = ([(16, 32, per, 4, 3) for per in (1, 2)] + [(16, 32, 1, 8, 3), (16, 32, 1, 4, 1)]
-                if rows == 1 else [(16, 32, 1, 4, 3), (32, 32, 1, 4, 3), (32, 32, 1, 8, 3), (32, 32, 1, 4, 1)])
-        for bh, bk, per, nw, stages in grid:
-            over = dict(BLOCK_H=bh, BLOCK_K=bk, MIN_BLOCKS_PER_SPLIT=per, num_warps=nw, num_stages=stages)
+        grid = ([(16, 32, per, 4, 1, 0) for per in (1, 2)] + [(16, 32, 1, 8, 1, 0), (16, 32, 1, 4, 1, 200),
+                                                             (16, 32, 1, 4, 1, 1000), (32, 32, 1, 4, 1, 0)]
+                if rows == 1 else [(16, 32, 1, 4, 3, 0), (32, 32, 1, 4, 3, 0), (32, 32, 1, 8, 3, 0)])
+        for bh, bk, per, nw, stages, ns in grid:
+            over = dict(BLOCK_H=bh, BLOCK_K=bk, MIN_BLOCKS_PER_SPLIT=per, num_warps=nw, num_stages=stages,
+                        POLL_NS=ns)
             _sweep_one(res, f"attn rows={rows} {over}",
                        lambda: attn_kernel.SparseAttentionLauncher(overrides=over), lambda f: f(*args),
                        want, 1e-2, graph=True)
@@ -225,11 +227,12 @@ def _sweep_attention(res: dict, gen) -> None:
 def _sweep_topk(res: dict, gen) -> None:
     scores = torch.relu(torch.randn(1, 131072, generator=gen)).cuda()  # ties at 0, as index scores
     want = stable_topk_reference(scores, TOPK)
-    for digits in ((8, 8, 8, 8), (11, 11, 10), (6, 6, 6, 7, 7)):
-        for chunk, nw in ((512, 4), (1024, 4), (2048, 4), (1024, 8)):
-            over = dict(DIGITS=digits, CHUNK=chunk, num_warps=nw)
-            _sweep_one(res, f"topk n=131072 {over}", lambda: StableTopkLauncher(overrides=over),
-                       lambda f: f(scores, TOPK), want, 0.0, graph=True)
+    grid = [dict(DIGITS=(8, 8, 8, 8), CHUNK=chunk, num_warps=nw, POLL_NS=ns)
+            for chunk, nw in ((512, 4), (1024, 4), (2048, 4), (1024, 8)) for ns in (0, 200, 1000)]
+    grid += [dict(DIGITS=digits, CHUNK=512, num_warps=4) for digits in ((11, 11, 10), (6, 6, 6, 7, 7))]
+    for over in grid:
+        _sweep_one(res, f"topk n=131072 {over}", lambda: StableTopkLauncher(overrides=over),
+                   lambda f: f(scores, TOPK), want, 0.0, graph=True)
 
 
 def _sweep_index_fp4(res: dict, gen) -> None:

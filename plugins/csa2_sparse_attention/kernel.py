@@ -35,6 +35,7 @@ from dsflash.plugins.launch import (
     check_device,
     check_dtype,
     check_shape,
+    interpreting,
     next_pow2,
     require,
 )
@@ -143,7 +144,8 @@ def csa2_sparse_attention_split_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_pt
                                        rows, blocks_per_split, n_split, out_ptr, ws_acc, ws_ml, ctl,
                                        H: tl.constexpr, D: tl.constexpr, SCALE: tl.constexpr,
                                        BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-                                       BLOCK_D: tl.constexpr, NSP: tl.constexpr, IEEE: tl.constexpr):
+                                       BLOCK_D: tl.constexpr, NSP: tl.constexpr, IEEE: tl.constexpr,
+                                       POLL_NS: tl.constexpr):
     """1-D grid of rows * head blocks * n_split split programs, then rows * H combine programs.
     ctl (int32, zero between launches): [0] tickets, [1] programs gone, then per (row, head
     block) pair the splits done, then the pair's combines done."""
@@ -172,7 +174,7 @@ def csa2_sparse_attention_split_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_pt
         c = ticket - n_splits
         head = c % H
         of = c // H * H_BLOCKS + head // BLOCK_H  # the (row, head block) pair combined
-        wait_at_least(ctl + 2 + of, n_split)  # the splits of this pair took lower tickets
+        wait_at_least(ctl + 2 + of, n_split, POLL_NS)  # the splits of this pair took lower tickets
         _combine_head(ws_acc, ws_ml, sink_ptr, out_ptr, of.to(tl.int64), (c // H).to(tl.int64), head, n_split,
                       H, D, BLOCK_H, BLOCK_D, NSP)
         heads_here = tl.minimum(BLOCK_H, H - (head // BLOCK_H) * BLOCK_H)
@@ -238,6 +240,7 @@ class SparseAttentionLauncher(LauncherBase):
             return out
         cfg = launch_config(h, d, q.dtype) | self._overrides
         per_min = cfg.pop("MIN_BLOCKS_PER_SPLIT")
+        poll_ns = 0 if interpreting() else cfg.pop("POLL_NS", 0)
         h_blocks = triton.cdiv(h, cfg["BLOCK_H"])
         rows = b * s
         pairs = rows * h_blocks
@@ -259,7 +262,7 @@ class SparseAttentionLauncher(LauncherBase):
         stages = cfg.pop("num_stages", 1 if per == 1 else 3)
         csa2_sparse_attention_split_kernel[(pairs * n_split + rows * h,)](
             q, kv, idx, win, wmask, sink, s, kv.shape[1], t, idx.shape[2], rows, per, n_split, out, *ws,
-            H=h, D=d, SCALE=float(scale), NSP=next_pow2(n_split), num_stages=stages, **cfg)
+            H=h, D=d, SCALE=float(scale), NSP=next_pow2(n_split), num_stages=stages, POLL_NS=poll_ns, **cfg)
         return out
 
 

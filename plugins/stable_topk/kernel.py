@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsflash.plugins.launch import LauncherBase, check_device, check_dtype, next_pow2, require
+from dsflash.plugins.launch import LauncherBase, check_device, check_dtype, interpreting, next_pow2, require
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 from dsflash.plugins.ticket_sync import wait_at_least
 
@@ -145,7 +145,7 @@ def _select_pass(key, ok, n, row, p, n_prog, n_pass, k, N, sched_ptr, scores_ptr
 @triton.jit
 def radix_topk_kernel(scores_ptr, N, k, sched_ptr, n_pass, n_prog, hist, state, ctl, prog_hist, sel, vals_ptr,
                       idx_ptr, CHUNK: tl.constexpr, BINS: tl.constexpr, KP: tl.constexpr, PP: tl.constexpr,
-                      SLOTS: tl.constexpr):
+                      SLOTS: tl.constexpr, POLL_NS: tl.constexpr):
     """Grid (rows, (n_pass + 1) * n_prog). sched: (shift, bits) per digit pass; hist rows hold
     BINS (the widest digit's bins); ctl rows SLOTS (zero between launches)."""
     row = tl.program_id(0).to(tl.int64)
@@ -157,7 +157,7 @@ def radix_topk_kernel(scores_ptr, N, k, sched_ptr, n_pass, n_prog, hist, state, 
     ok = n < N
     key = _ordered_keys(scores_ptr, row, n, ok, N)  # the scores are ready: load before waiting
     if stage > 0:
-        wait_at_least(c + READY, stage)  # the pass before this one took lower tickets
+        wait_at_least(c + READY, stage, POLL_NS)  # the pass before this one took lower tickets
     if stage < n_pass:
         _digit_pass(key, ok, row, p, n_prog, stage, n_pass, k, sched_ptr, hist, state, c, prog_hist, BINS)
     else:
@@ -173,7 +173,7 @@ def radix_topk_kernel(scores_ptr, N, k, sched_ptr, n_pass, n_prog, hist, state, 
 class StableTopkLauncher(LauncherBase):
     """Holds the histograms, counters, digit schedule and selection buffers (self-clearing, so the
     launch captures into a CUDA graph); one instance per device/stream, calls on it must not
-    overlap. Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K."""
+    overlap. Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K, POLL_NS (sleep between polls)."""
 
     MAX_PROGRAMS = 1024  # per row and pass: the select pass reads every program's tie count in one load
 
@@ -221,7 +221,8 @@ class StableTopkLauncher(LauncherBase):
         radix_topk_kernel[(rows, (len(passes) + 1) * n_prog)](
             flat, n, k_out, ws["sched"], len(passes), n_prog, ws["hist"], ws["state"], ws["ctl"],
             ws["prog_hist"], ws["sel"], vals, idx, CHUNK=chunk, BINS=ws["hist"].shape[1], KP=kp,
-            PP=next_pow2(n_prog), SLOTS=ws["ctl"].shape[1], num_warps=self._overrides.get("num_warps", 4))
+            PP=next_pow2(n_prog), SLOTS=ws["ctl"].shape[1], num_warps=self._overrides.get("num_warps", 4),
+            POLL_NS=0 if interpreting() else self._overrides.get("POLL_NS", 0))
         return vals.view(*lead, k_out), idx.view(*lead, k_out)
 
 
