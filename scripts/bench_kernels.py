@@ -242,8 +242,9 @@ def _sweep_index_fp4(res: dict, gen) -> None:
     codes, exps = fp4_pow2_pack(torch.randn(1, n, INDEX_DIM, generator=gen).cuda())
     visible = torch.ones(1, 1, n, dtype=torch.bool, device="cuda")
     want = (index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible),)
-    for path, block_n, nw in (("mma", 64, 4), ("mma", 128, 8), ("mma", 64, 8), ("mma", 128, 4), ("decode", 64, 4)):
-        over = dict(PATH=path, BLOCK_N=block_n, num_warps=nw)
+    for path, block_n, blocks, nw in (("mma", 64, 4, 4), ("mma", 64, 1, 4), ("mma", 64, 8, 4), ("mma", 128, 2, 8),
+                                      ("mma", 64, 4, 8)):
+        over = dict(PATH=path, BLOCK_N=block_n, BLOCKS=blocks, num_warps=nw)
         _sweep_one(res, f"index fp4 n={n} {over}", lambda: over,
                    lambda f: index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible, overrides=f),
                    want, 1e-2, graph=True)

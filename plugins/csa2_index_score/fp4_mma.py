@@ -58,37 +58,51 @@ def _query_scale(q_ptr, row, I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr)
 
 
 @triton.jit
+def _query_parts(q_ptr, row, I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr):
+    """The row's queries as (hi, lo) e4m3 tiles [I, 32] per scale group (tuples), 1 / a_h and the
+    head index. hi: q / a_h cut to 4 significant bits, which e4m3 holds as it is (no rounding
+    step); lo: the rest, 4 more bits for a bf16 query."""
+    inv_a, ii = _query_scale(q_ptr, row, I, J, JP)
+    kk = tl.arange(0, 32)
+    q_hi = ()
+    q_lo = ()
+    for g in tl.static_range(J // 32):
+        qs = tl.load(q_ptr + (row * I + ii[:, None]) * J + 32 * g + kk[None, :]).to(tl.float32) * inv_a[:, None]
+        hi = (qs.to(tl.int32, bitcast=True) & -1048576).to(tl.float32, bitcast=True).to(tl.float8e4nv)
+        q_hi = q_hi + (hi,)
+        q_lo = q_lo + ((qs - hi.to(tl.float32)).to(tl.float8e4nv),)
+    return q_hi, q_lo, inv_a, ii
+
+
+@triton.jit
 def csa2_index_score_fp4_mma_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, vis_ptr, S, N, out_ptr,
                                     I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr,
-                                    BLOCK_N: tl.constexpr, ASM: tl.constexpr):
-    """Grid (B * S query rows, entry blocks of BLOCK_N); I heads (a power of two >= 16), J
-    channels (a multiple of 32, JP the next power of two)."""
+                                    BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr):
+    """Grid (B * S query rows, runs of BLOCKS entry blocks of BLOCK_N): the query split is made
+    once per program and serves its BLOCKS blocks. I heads (a power of two >= 16), J channels (a
+    multiple of 32, JP the next power of two)."""
     row = tl.program_id(0).to(tl.int64)
     b = row // S
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < N
-    vis = tl.load(vis_ptr + row * N + n, mask=nmask, other=0) != 0
-    acc = tl.zeros([BLOCK_N, I], dtype=tl.float32)
-    if tl.max(vis.to(tl.int32), axis=0) > 0:
-        inv_a, ii = _query_scale(q_ptr, row, I, J, JP)
-        kk = tl.arange(0, 32)
-        hb = tl.arange(0, 16)
-        entry = b * N + n
-        for g in tl.static_range(J // 32):
-            qs = tl.load(q_ptr + (row * I + ii[:, None]) * J + 32 * g + kk[None, :]).to(tl.float32)
-            qs = qs * inv_a[:, None]
-            # hi: qs cut to 4 significant bits, which e4m3 holds as it is (no rounding step);
-            # lo: the rest, 4 more bits for a bf16 query
-            q_hi = (qs.to(tl.int32, bitcast=True) & -1048576).to(tl.float32, bitcast=True).to(tl.float8e4nv)
-            q_lo = (qs - q_hi.to(tl.float32)).to(tl.float8e4nv)
-            byte = tl.load(codes_ptr + entry[:, None] * (J // 2) + 16 * g + hb[None, :], mask=nmask[:, None],
-                           other=0)
-            lo, hi = _e4m3_planes(byte, ASM)
-            # channels 2c (low nibble) and 2c + 1 side by side: the group's natural channel order
-            keys = tl.reshape(tl.join(lo, hi), [BLOCK_N, 32]).to(tl.float8e4nv, bitcast=True)
-            part = tl.dot(keys, tl.trans(q_hi)) + tl.dot(keys, tl.trans(q_lo))
-            e = tl.load(exps_ptr + entry * (J // 32) + g, mask=nmask, other=0).to(tl.int32)
-            acc += (part * 64.0) * exact_pow2(e)[:, None]  # x 2^6 undoes the e4m3 placement, exactly
-        w = tl.load(w_ptr + row * I + ii).to(tl.float32) / inv_a  # a_h > 0 passes through the ReLU
-        acc = tl.maximum(acc, 0.0) * w[None, :]
-    tl.store(out_ptr + row * N + n, tl.where(vis, tl.sum(acc, axis=1), float("-inf")), mask=nmask)
+    q_hi, q_lo, inv_a, ii = _query_parts(q_ptr, row, I, J, JP)
+    w = tl.load(w_ptr + row * I + ii).to(tl.float32) / inv_a  # a_h > 0 passes through the ReLU
+    hb = tl.arange(0, 16)
+    first = tl.program_id(1) * BLOCKS
+    for blk in range(first, tl.minimum(first + BLOCKS, tl.cdiv(N, BLOCK_N))):
+        n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = n < N
+        vis = tl.load(vis_ptr + row * N + n, mask=nmask, other=0) != 0
+        score = tl.zeros([BLOCK_N], dtype=tl.float32)
+        if tl.max(vis.to(tl.int32), axis=0) > 0:  # a block nothing sees is not read
+            entry = b * N + n
+            acc = tl.zeros([BLOCK_N, I], dtype=tl.float32)
+            for g in tl.static_range(J // 32):
+                byte = tl.load(codes_ptr + entry[:, None] * (J // 2) + 16 * g + hb[None, :],
+                               mask=nmask[:, None], other=0)
+                lo, hi = _e4m3_planes(byte, ASM)
+                # channels 2c (low nibble) and 2c + 1 side by side: the group's natural channel order
+                keys = tl.reshape(tl.join(lo, hi), [BLOCK_N, 32]).to(tl.float8e4nv, bitcast=True)
+                part = tl.dot(keys, tl.trans(q_hi[g])) + tl.dot(keys, tl.trans(q_lo[g]))
+                e = tl.load(exps_ptr + entry * (J // 32) + g, mask=nmask, other=0).to(tl.int32)
+                acc += (part * 64.0) * exact_pow2(e)[:, None]  # x 2^6 undoes the e4m3 placement, exactly
+            score = tl.sum(tl.maximum(acc, 0.0) * w[None, :], axis=1)
+        tl.store(out_ptr + row * N + n, tl.where(vis, score, float("-inf")), mask=nmask)

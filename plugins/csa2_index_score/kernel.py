@@ -208,12 +208,12 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     out = torch.empty(b, q.shape[1], n, dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out
-    # 64 entries x 4 warps: one m64n32k32 product per part and group, 132 registers (ptxas,
-    # sm_90); 128 x 4 spills
-    cfg = {"BLOCK_N": 64, "num_warps": 4} | over
-    csa2_index_score_fp4_mma_kernel[(b * q.shape[1], triton.cdiv(n, cfg["BLOCK_N"]))](
-        q, w, codes_BNH.contiguous(), exps_BNG.contiguous(), vis, q.shape[1], n, out, I=heads, J=j,
-        JP=next_pow2(j), ASM=not interpreting(), **cfg)
+    # 64 entries x 4 warps: one m64n32k32 product per part and group (ptxas, sm_90: 128 x 4
+    # spills); 4 blocks per program share one query split
+    cfg = {"BLOCK_N": 64, "BLOCKS": 4, "num_warps": 4} | over
+    grid = (b * q.shape[1], triton.cdiv(triton.cdiv(n, cfg["BLOCK_N"]), cfg["BLOCKS"]))
+    csa2_index_score_fp4_mma_kernel[grid](q, w, codes_BNH.contiguous(), exps_BNG.contiguous(), vis, q.shape[1], n,
+                                          out, I=heads, J=j, JP=next_pow2(j), ASM=not interpreting(), **cfg)
     return out
 
 
