@@ -119,6 +119,9 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
         codes, exps = fp4_pow2_pack(ik)  # the release's FP4 index keys: 68 B per entry
         out["index_fp4_us"] = 1e3 * time_ms(
             lambda: index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible), graph=True)
+        out["index_fp4_decode_us"] = 1e3 * time_ms(  # session 4's decode to bf16 keys, for comparison
+            lambda: index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible, overrides={"PATH": "decode"}),
+            graph=True)
         out["topk_us"] = 1e3 * time_ms(lambda: stable_topk_reference(scores, TOPK), graph=True)
         out["topk_kernel_us"] = 1e3 * time_ms(lambda: topk_kernel(scores, TOPK), graph=True)
         out["torch_topk_us"] = 1e3 * time_ms(lambda: scores.topk(TOPK, dim=-1), graph=True)  # not stable
@@ -373,7 +376,8 @@ def report(res: dict) -> None:
                      f"{ru['layer_us']:5.1f} ({roof / ru['layer_us']:4.1f}x) | {100 * idx_frac:4.0f}% | "
                      f"{100 * att_frac:4.0f}% | stable sort {f['topk_us']:.1f} (full layer with it "
                      f"{f['layer_sort_us']:.1f}), torch.topk {f['torch_topk_us']:.1f} | index over FP4 "
-                     f"keys {f['index_fp4_us']:.1f} ({100 * fp4_frac:.0f}% of its roofline)")
+                     f"keys {f['index_fp4_us']:.1f} ({100 * fp4_frac:.0f}% of its roofline; decoding to bf16 "
+                     f"{f['index_fp4_decode_us']:.1f})")
     lines.append("Engram gather: case | HBM us, GB/s (% of gather ceiling) | eager us | pinned host GB/s")
     for label, h in res.get("engram", {}).get("hbm", {}).items():
         p = res["engram"]["pinned"][label]
