@@ -178,8 +178,10 @@ def test_fp4_key_decode_bf16_is_exact(gen, j):
     (1, 4, 3, 130, 9, 3, 2, 2, {}),
     # 6 splits of one block, 2 head blocks (the last one partly masked)
     (1, 2, 20, 40, 90, 50, 30, 7, {"BLOCK_K": 16, "BLOCK_H": 16}),
-    # 6 rows x 2 head blocks x 4 splits of 2 blocks each (the last split partly empty)
+    # 6 rows x 2 head blocks x 4 splits of 2 blocks each (the last split partly empty), in one
+    # launch and in two
     (2, 3, 20, 40, 90, 50, 60, 4, {"BLOCK_K": 16, "BLOCK_H": 16}),
+    (2, 3, 20, 40, 90, 50, 60, 4, {"BLOCK_K": 16, "BLOCK_H": 16, "ONE_LAUNCH": False}),
     (1, 64, 40, 256, 50, 8, 10, None, {})])  # 64 rows of a wide head, 3 head blocks
 def test_sparse_attention_kernel(gen, dtype, b, s, h, d, n, k, t, n_split, cfg):
     q = torch.randn(b, s, h, d, generator=gen).to(dtype)
@@ -265,19 +267,21 @@ def test_stable_topk_rejects_bad_digit_schedules(digits):
 
 @pytest.mark.parametrize("rows,n,k,chunk", [(3, 50, 4, None), (2, 300, 8, 64), (1, 1000, 16, 128), (2, 5, 8, None),
                                             (1, 3000, 100, 256), (2, 700, 1, 128), (1, 64, 64, 16)])
-@pytest.mark.parametrize("digits", [None, (11, 11, 10), (5, 9, 7, 11)])
-def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk, digits):
+@pytest.mark.parametrize("digits,one_launch", [(None, True), (None, False), ((11, 11, 10), True),
+                                               ((5, 9, 7, 11), True)])
+def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk, digits, one_launch):
     """Same indices and values as the stable sort, bit for bit: ties (ReLU zeros, rounded
     values) to the lower index across chunks, -inf / +inf, k > N, k = 1, k = N, several chunks,
     twice on one launcher (its histograms and counters must clear), for the default digit
-    schedule and two others (fewer, wider passes; uneven widths)."""
+    schedule and two others (fewer, wider passes; uneven widths), all passes in one launch and
+    (default schedule) one launch per pass."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
     scores = torch.relu(torch.randn(rows, n, generator=gen)).round(decimals=1)
     scores[0, ::7] = float("-inf")
     scores[-1, 3] = float("inf")
-    over = ({"CHUNK": chunk} if chunk else {}) | ({"DIGITS": digits} if digits else {})
+    over = ({"CHUNK": chunk} if chunk else {}) | ({"DIGITS": digits} if digits else {}) | {"ONE_LAUNCH": one_launch}
     launcher = topk_kernel.StableTopkLauncher(overrides=over)
     want_v, want_i = topk_ref.stable_topk(scores, k)
     for _ in range(2):

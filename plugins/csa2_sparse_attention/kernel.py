@@ -141,18 +141,23 @@ def _combine_head(ws_acc, ws_ml, sink_ptr, out_ptr, pair, row, h, n_split, H: tl
 
 @triton.jit
 def csa2_sparse_attention_split_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sink_ptr, S, N, T, K,
-                                       rows, blocks_per_split, n_split, out_ptr, ws_acc, ws_ml, ctl,
-                                       H: tl.constexpr, D: tl.constexpr, SCALE: tl.constexpr,
+                                       rows, blocks_per_split, n_split, first_role, out_ptr, ws_acc, ws_ml,
+                                       ctl, H: tl.constexpr, D: tl.constexpr, SCALE: tl.constexpr,
                                        BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
                                        BLOCK_D: tl.constexpr, NSP: tl.constexpr, IEEE: tl.constexpr,
-                                       POLL_NS: tl.constexpr):
-    """1-D grid of rows * head blocks * n_split split programs, then rows * H combine programs.
-    ctl (int32, zero between launches): [0] tickets, [1] programs gone, then per (row, head
-    block) pair the splits done, then the pair's combines done."""
+                                       ONE_LAUNCH: tl.constexpr, POLL_NS: tl.constexpr):
+    """1-D grid of rows * head blocks * n_split split programs, then rows * H combine programs,
+    in one launch (ONE_LAUNCH: roles by ticket, combines wait) or as two launches of the same
+    kernel (roles first_role + program id, the launch boundary orders them). ctl (int32, zero
+    between calls): [0] tickets, [1] programs gone, then per (row, head block) pair the splits
+    done, then the pair's combines done."""
     H_BLOCKS: tl.constexpr = (H + BLOCK_H - 1) // BLOCK_H
     pairs = rows * H_BLOCKS
     n_splits = pairs * n_split
-    ticket = tl.atomic_add(ctl, 1)  # start order (acq_rel)
+    if ONE_LAUNCH:
+        ticket = tl.atomic_add(ctl, 1)  # start order (acq_rel)
+    else:
+        ticket = first_role + tl.program_id(0)
     if ticket < n_splits:
         pair = ticket // n_split
         sp = ticket % n_split
@@ -174,7 +179,8 @@ def csa2_sparse_attention_split_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_pt
         c = ticket - n_splits
         head = c % H
         of = c // H * H_BLOCKS + head // BLOCK_H  # the (row, head block) pair combined
-        wait_at_least(ctl + 2 + of, n_split, POLL_NS)  # the splits of this pair took lower tickets
+        if ONE_LAUNCH:
+            wait_at_least(ctl + 2 + of, n_split, POLL_NS)  # the splits of this pair took lower tickets
         _combine_head(ws_acc, ws_ml, sink_ptr, out_ptr, of.to(tl.int64), (c // H).to(tl.int64), head, n_split,
                       H, D, BLOCK_H, BLOCK_D, NSP)
         heads_here = tl.minimum(BLOCK_H, H - (head // BLOCK_H) * BLOCK_H)
@@ -208,6 +214,11 @@ def _check(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H):
     require(d <= 512, f"{op}: head_dim {d} > 512, the largest the kernel keeps in registers")
     check_device(op, q=q_BSHD, kv=kv_BND, idx=idx_BSK, win_kv=win_kv_BTD, win_mask=win_mask_BST,
                  sink=sink_H)
+
+
+# One launch (ticket-ordered splits and combines) unless the overrides say ONE_LAUNCH=False (two
+# launches of the same kernel, session 4's form).
+ONE_LAUNCH_DEFAULT = True
 
 
 class SparseAttentionLauncher(LauncherBase):
@@ -260,9 +271,13 @@ class SparseAttentionLauncher(LauncherBase):
         # a split runs one key block: nothing for the software pipeline to overlap, and its
         # buffers cost time (H200 sweep at decode: 7.4 us unpipelined vs 8.7 us with 3 stages)
         stages = cfg.pop("num_stages", 1 if per == 1 else 3)
-        csa2_sparse_attention_split_kernel[(pairs * n_split + rows * h,)](
-            q, kv, idx, win, wmask, sink, s, kv.shape[1], t, idx.shape[2], rows, per, n_split, out, *ws,
-            H=h, D=d, SCALE=float(scale), NSP=next_pow2(n_split), num_stages=stages, POLL_NS=poll_ns, **cfg)
+        one = cfg.pop("ONE_LAUNCH", ONE_LAUNCH_DEFAULT)
+        roles = [(0, pairs * n_split + rows * h)] if one else [(0, pairs * n_split), (pairs * n_split, rows * h)]
+        for first_role, programs in roles:
+            csa2_sparse_attention_split_kernel[(programs,)](
+                q, kv, idx, win, wmask, sink, s, kv.shape[1], t, idx.shape[2], rows, per, n_split, first_role, out,
+                *ws, H=h, D=d, SCALE=float(scale), NSP=next_pow2(n_split), num_stages=stages, ONE_LAUNCH=one,
+                POLL_NS=poll_ns, **cfg)
         return out
 
 

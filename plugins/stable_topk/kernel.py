@@ -51,6 +51,9 @@ TICKET, READY, GONE, ALLOC, PICKED, PASS0 = (tl.constexpr(i) for i in range(6))
 # `DIGITS` in the overrides for a sweep). Up to 11 bits: the last program's histogram arithmetic
 # stays in registers (ptxas, sm_90: 12 bits spill).
 DIGITS = (8, 8, 8, 8)
+# all passes in one launch (ticket-ordered) unless the overrides say ONE_LAUNCH=False (one launch
+# per pass, session 4's form)
+ONE_LAUNCH_DEFAULT = True
 
 
 def digit_passes(digits: tuple) -> tuple:
@@ -143,20 +146,25 @@ def _select_pass(key, ok, n, row, p, n_prog, n_pass, k, N, sched_ptr, scores_ptr
 
 
 @triton.jit
-def radix_topk_kernel(scores_ptr, N, k, sched_ptr, n_pass, n_prog, hist, state, ctl, prog_hist, sel, vals_ptr,
-                      idx_ptr, CHUNK: tl.constexpr, BINS: tl.constexpr, KP: tl.constexpr, PP: tl.constexpr,
-                      SLOTS: tl.constexpr, POLL_NS: tl.constexpr):
-    """Grid (rows, (n_pass + 1) * n_prog). sched: (shift, bits) per digit pass; hist rows hold
-    BINS (the widest digit's bins); ctl rows SLOTS (zero between launches)."""
+def radix_topk_kernel(scores_ptr, N, k, sched_ptr, n_pass, n_prog, this_pass, hist, state, ctl, prog_hist, sel,
+                      vals_ptr, idx_ptr, CHUNK: tl.constexpr, BINS: tl.constexpr, KP: tl.constexpr,
+                      PP: tl.constexpr, SLOTS: tl.constexpr, ONE_LAUNCH: tl.constexpr, POLL_NS: tl.constexpr):
+    """Grid (rows, (n_pass + 1) * n_prog) with ONE_LAUNCH (passes by ticket, each waiting for the
+    one before); else one launch per pass, grid (rows, n_prog), this_pass saying which (the
+    launch boundaries order them). sched: (shift, bits) per digit pass; hist rows hold BINS (the
+    widest digit's bins); ctl rows SLOTS (zero between calls)."""
     row = tl.program_id(0).to(tl.int64)
     c = ctl + row * SLOTS
-    ticket = tl.atomic_add(c + TICKET, 1)  # start order within the row (acq_rel)
+    if ONE_LAUNCH:
+        ticket = tl.atomic_add(c + TICKET, 1)  # start order within the row (acq_rel)
+    else:
+        ticket = this_pass * n_prog + tl.program_id(1)
     stage = ticket // n_prog
     p = ticket % n_prog
     n = p * CHUNK + tl.arange(0, CHUNK)
     ok = n < N
     key = _ordered_keys(scores_ptr, row, n, ok, N)  # the scores are ready: load before waiting
-    if stage > 0:
+    if ONE_LAUNCH and stage > 0:
         wait_at_least(c + READY, stage, POLL_NS)  # the pass before this one took lower tickets
     if stage < n_pass:
         _digit_pass(key, ok, row, p, n_prog, stage, n_pass, k, sched_ptr, hist, state, c, prog_hist, BINS)
@@ -173,7 +181,8 @@ def radix_topk_kernel(scores_ptr, N, k, sched_ptr, n_pass, n_prog, hist, state, 
 class StableTopkLauncher(LauncherBase):
     """Holds the histograms, counters, digit schedule and selection buffers (self-clearing, so the
     launch captures into a CUDA graph); one instance per device/stream, calls on it must not
-    overlap. Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K, POLL_NS (sleep between polls)."""
+    overlap. Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K, ONE_LAUNCH, POLL_NS (sleep
+    between polls)."""
 
     MAX_PROGRAMS = 1024  # per row and pass: the select pass reads every program's tie count in one load
 
@@ -218,11 +227,15 @@ class StableTopkLauncher(LauncherBase):
         vals = torch.empty(rows, k_out, dtype=torch.float32, device=scores.device)
         idx = torch.empty(rows, k_out, dtype=torch.int64, device=scores.device)
         ws = self._workspace(scores.device, rows, n_prog, kp, passes)
-        radix_topk_kernel[(rows, (len(passes) + 1) * n_prog)](
-            flat, n, k_out, ws["sched"], len(passes), n_prog, ws["hist"], ws["state"], ws["ctl"],
-            ws["prog_hist"], ws["sel"], vals, idx, CHUNK=chunk, BINS=ws["hist"].shape[1], KP=kp,
-            PP=next_pow2(n_prog), SLOTS=ws["ctl"].shape[1], num_warps=self._overrides.get("num_warps", 4),
-            POLL_NS=0 if interpreting() else self._overrides.get("POLL_NS", 0))
+        one = self._overrides.get("ONE_LAUNCH", ONE_LAUNCH_DEFAULT)
+        launches = [(0, (len(passes) + 1) * n_prog)] if one else [(i, n_prog) for i in range(len(passes) + 1)]
+        for this_pass, programs in launches:
+            radix_topk_kernel[(rows, programs)](
+                flat, n, k_out, ws["sched"], len(passes), n_prog, this_pass, ws["hist"], ws["state"], ws["ctl"],
+                ws["prog_hist"], ws["sel"], vals, idx, CHUNK=chunk, BINS=ws["hist"].shape[1], KP=kp,
+                PP=next_pow2(n_prog), SLOTS=ws["ctl"].shape[1], ONE_LAUNCH=one,
+                POLL_NS=0 if interpreting() else self._overrides.get("POLL_NS", 0),
+                num_warps=self._overrides.get("num_warps", 4))
         return vals.view(*lead, k_out), idx.view(*lead, k_out)
 
 
