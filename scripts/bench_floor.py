@@ -78,8 +78,8 @@ def main() -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "floor.json").write_text(json.dumps(res, indent=1))
     logging.info("launch floor (%s, graph replay, median): empty kernel %.2f us | index -> gather -> store "
-                 "%.2f us | the same chain twice %.2f us", res["gpu"], res["empty_us"], res["gather_chain_us"],
-                 res["gather_chain_twice_us"])
+                 "%.2f us | the same chain twice %.2f us", res["gpu"], res["empty_us"],
+                 res["gather_chain_us"], res["gather_chain_twice_us"])
 
 
 if __name__ == "__main__":

@@ -118,7 +118,7 @@ def test_index_score_fp4_tensor_core_path(gen, b, s, i, j, n):
     visible[-1, -1, : min(n, 128)] = False  # a whole entry block skipped
     args = (q, w, codes, exps, visible)
     got = index_kernel.csa2_index_score_fp4(*_dev(*args), overrides={"PATH": "mma"})
-    assert_kernel_matches(got, index_ref.csa2_index_score_fp4, args, {}, dtype, "Csa2IndexScore(fp4, FP8 MMA)")
+    assert_kernel_matches(got, index_ref.csa2_index_score_fp4, args, {}, dtype, "Csa2IndexScore(fp4, FP8)")
     with pytest.raises(ValueError, match="power-of-two head count >= 16, got 12"):
         index_kernel.csa2_index_score_fp4(*_dev(q[:, :, :12], w[:, :, :12], codes, exps, visible),
                                           overrides={"PATH": "mma"})

@@ -11,7 +11,8 @@ The queries go in as two e4m3 parts, q = a_h (hi + lo) per head with a power-of-
 puts the head's largest |q| in [128, 256): hi = q / a_h cut to its top 4 significant bits, lo =
 the rest in e4m3, so a bf16 query (8 significant bits) is exact wherever lo is a multiple of
 e4m3's smallest step 2^-9, i.e. for |q| down to about 2^-10 of the head's largest; smaller entries
-lose low bits (they weigh under 2^-10 in the dot). Per scale group of 32 channels: two m64n32k32 FP8 products (keys x hi, keys x lo), then
+lose low bits (they weigh under 2^-10 in the dot). Per scale group of 32 channels: two
+m64n32k32 FP8 products (keys x hi, keys x lo), then
 x 2^6 x 2^e per entry in fp32; a_h > 0 moves through the ReLU into the head weight. The result
 matches the reference by the kernel tolerance rule for bf16 (tests/test_kernels_gpu.py); fp32
 and fp16 queries keep kernel.py's exact decode.
@@ -67,7 +68,8 @@ def _query_parts(q_ptr, row, I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr)
     q_hi = ()
     q_lo = ()
     for g in tl.static_range(J // 32):
-        qs = tl.load(q_ptr + (row * I + ii[:, None]) * J + 32 * g + kk[None, :]).to(tl.float32) * inv_a[:, None]
+        qs = tl.load(q_ptr + (row * I + ii[:, None]) * J + 32 * g + kk[None, :]).to(tl.float32)
+        qs = qs * inv_a[:, None]
         hi = (qs.to(tl.int32, bitcast=True) & -1048576).to(tl.float32, bitcast=True).to(tl.float8e4nv)
         q_hi = q_hi + (hi,)
         q_lo = q_lo + ((qs - hi.to(tl.float32)).to(tl.float8e4nv),)

@@ -212,8 +212,8 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     # spills); 4 blocks per program share one query split
     cfg = {"BLOCK_N": 64, "BLOCKS": 4, "num_warps": 4} | over
     grid = (b * q.shape[1], triton.cdiv(triton.cdiv(n, cfg["BLOCK_N"]), cfg["BLOCKS"]))
-    csa2_index_score_fp4_mma_kernel[grid](q, w, codes_BNH.contiguous(), exps_BNG.contiguous(), vis, q.shape[1], n,
-                                          out, I=heads, J=j, JP=next_pow2(j), ASM=not interpreting(), **cfg)
+    csa2_index_score_fp4_mma_kernel[grid](q, w, codes_BNH.contiguous(), exps_BNG.contiguous(), vis, q.shape[1],
+                                          n, out, I=heads, J=j, JP=next_pow2(j), ASM=not interpreting(), **cfg)
     return out
 
 

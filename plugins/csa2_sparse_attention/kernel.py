@@ -272,11 +272,12 @@ class SparseAttentionLauncher(LauncherBase):
         # buffers cost time (H200 sweep at decode: 7.4 us unpipelined vs 8.7 us with 3 stages)
         stages = cfg.pop("num_stages", 1 if per == 1 else 3)
         one = cfg.pop("ONE_LAUNCH", ONE_LAUNCH_DEFAULT)
-        roles = [(0, pairs * n_split + rows * h)] if one else [(0, pairs * n_split), (pairs * n_split, rows * h)]
+        splits = pairs * n_split
+        roles = [(0, splits + rows * h)] if one else [(0, splits), (splits, rows * h)]
         for first_role, programs in roles:
             csa2_sparse_attention_split_kernel[(programs,)](
-                q, kv, idx, win, wmask, sink, s, kv.shape[1], t, idx.shape[2], rows, per, n_split, first_role, out,
-                *ws, H=h, D=d, SCALE=float(scale), NSP=next_pow2(n_split), num_stages=stages, ONE_LAUNCH=one,
+                q, kv, idx, win, wmask, sink, s, kv.shape[1], t, idx.shape[2], rows, per, n_split, first_role,
+                out, *ws, H=h, D=d, SCALE=float(scale), NSP=next_pow2(n_split), num_stages=stages, ONE_LAUNCH=one,
                 POLL_NS=poll_ns, **cfg)
         return out
 

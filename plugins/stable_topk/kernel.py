@@ -146,8 +146,8 @@ def _select_pass(key, ok, n, row, p, n_prog, n_pass, k, N, sched_ptr, scores_ptr
 
 
 @triton.jit
-def radix_topk_kernel(scores_ptr, N, k, sched_ptr, n_pass, n_prog, this_pass, hist, state, ctl, prog_hist, sel,
-                      vals_ptr, idx_ptr, CHUNK: tl.constexpr, BINS: tl.constexpr, KP: tl.constexpr,
+def radix_topk_kernel(scores_ptr, N, k, sched_ptr, n_pass, n_prog, this_pass, hist, state, ctl, prog_hist,
+                      sel, vals_ptr, idx_ptr, CHUNK: tl.constexpr, BINS: tl.constexpr, KP: tl.constexpr,
                       PP: tl.constexpr, SLOTS: tl.constexpr, ONE_LAUNCH: tl.constexpr, POLL_NS: tl.constexpr):
     """Grid (rows, (n_pass + 1) * n_prog) with ONE_LAUNCH (passes by ticket, each waiting for the
     one before); else one launch per pass, grid (rows, n_prog), this_pass saying which (the
@@ -169,8 +169,8 @@ def radix_topk_kernel(scores_ptr, N, k, sched_ptr, n_pass, n_prog, this_pass, hi
     if stage < n_pass:
         _digit_pass(key, ok, row, p, n_prog, stage, n_pass, k, sched_ptr, hist, state, c, prog_hist, BINS)
     else:
-        _select_pass(key, ok, n, row, p, n_prog, n_pass, k, N, sched_ptr, scores_ptr, state, c, prog_hist, sel,
-                     vals_ptr, idx_ptr, BINS, KP, PP)
+        _select_pass(key, ok, n, row, p, n_prog, n_pass, k, N, sched_ptr, scores_ptr, state, c, prog_hist,
+                     sel, vals_ptr, idx_ptr, BINS, KP, PP)
     tl.debug_barrier()
     if tl.atomic_add(c + GONE, 1) == (n_pass + 1) * n_prog - 1:  # the row's last program to leave
         tl.store(c + TICKET, 0)
@@ -231,8 +231,8 @@ class StableTopkLauncher(LauncherBase):
         launches = [(0, (len(passes) + 1) * n_prog)] if one else [(i, n_prog) for i in range(len(passes) + 1)]
         for this_pass, programs in launches:
             radix_topk_kernel[(rows, programs)](
-                flat, n, k_out, ws["sched"], len(passes), n_prog, this_pass, ws["hist"], ws["state"], ws["ctl"],
-                ws["prog_hist"], ws["sel"], vals, idx, CHUNK=chunk, BINS=ws["hist"].shape[1], KP=kp,
+                flat, n, k_out, ws["sched"], len(passes), n_prog, this_pass, ws["hist"], ws["state"],
+                ws["ctl"], ws["prog_hist"], ws["sel"], vals, idx, CHUNK=chunk, BINS=ws["hist"].shape[1], KP=kp,
                 PP=next_pow2(n_prog), SLOTS=ws["ctl"].shape[1], ONE_LAUNCH=one,
                 POLL_NS=0 if interpreting() else self._overrides.get("POLL_NS", 0),
                 num_warps=self._overrides.get("num_warps", 4))
