@@ -144,9 +144,10 @@ def kernels_launched(call) -> list[str]:
 
 def decode_attention_inputs(gen, n=131072):
     """One decode row at the released sizes: 512 selected entries + the 128-key window."""
-    return (torch.randn(1, 1, 64, 512, generator=gen).to(BF16), torch.randn(1, n, 512, generator=gen).to(BF16),
-            torch.randint(-1, n, (1, 1, 512), generator=gen), torch.randn(1, 128, 512, generator=gen).to(BF16),
-            torch.rand(1, 1, 128, generator=gen) > 0.1, torch.randn(64, generator=gen), 512 ** -0.5)
+    return (torch.randn(1, 1, 64, 512, generator=gen).to(BF16),
+            torch.randn(1, n, 512, generator=gen).to(BF16), torch.randint(-1, n, (1, 1, 512), generator=gen),
+            torch.randn(1, 128, 512, generator=gen).to(BF16), torch.rand(1, 1, 128, generator=gen) > 0.1,
+            torch.randn(64, generator=gen), 512 ** -0.5)
 
 
 def test_boundary_attention_and_topk_are_one_launch_each(gen):
@@ -187,7 +188,7 @@ def test_ticket_ordered_kernels_under_graph_replay(gen):
         s_in.copy_(scores)
         graph.replay()
         torch.cuda.synchronize()
-        assert_kernel_matches(a_out.clone(), attn_ref.csa2_sparse_attention, fresh, {}, BF16, "attention replay")
+        assert_kernel_matches(a_out.clone(), attn_ref.csa2_sparse_attention, fresh, {}, BF16, "attn replay")
         want_v, want_i = topk_ref.stable_topk(scores, 512)
         assert torch.equal(i_out.cpu(), want_i) and torch.equal(v_out.cpu(), want_v)
 
