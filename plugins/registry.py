@@ -31,8 +31,9 @@ def decl_by_name(name: str) -> OpDecl:
 
 def _triton_kernels() -> dict:
     """Launchers with the references' signatures, imported only when asked for (triton is an
-    optional dependency). The mHC, attention and top-k launchers keep their workspaces (no
-    allocation per call, CUDA-graph safe), and each call is one launch."""
+    optional dependency). The mHC and attention launchers keep their workspaces (no allocation
+    per call, CUDA-graph safe): an mHC boundary is one launch, a split attention call two (the
+    partials and their combine)."""
     from dsflash.plugins.csa2_index_score.kernel import csa2_index_score
     from dsflash.plugins.csa2_sparse_attention.kernel import SparseAttentionLauncher
     from dsflash.plugins.engram_hash_gather.kernel import engram_hash_gather

@@ -101,20 +101,15 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
     scale = HEAD_DIM ** -0.5
     attn = attn_kernel.SparseAttentionLauncher()  # held: its workspace is reused across calls
     topk_kernel = StableTopkLauncher()  # the radix-select top-k OpSet("triton") runs
-    # in-run baseline: the same kernels launched as session 4 did (two attention launches, one
-    # top-k launch per pass)
-    attn_multi = attn_kernel.SparseAttentionLauncher(overrides={"ONE_LAUNCH": False})
-    topk_multi = StableTopkLauncher(overrides={"ONE_LAUNCH": False})
 
-    def layer(topk=topk_kernel, attend=attn):  # what OpSet("triton") runs: index, top-k, attention
+    def layer(topk=topk_kernel):  # what OpSet("triton") runs: index kernel, top-k kernel, attention
         sel = idx
         if kind != "reuse":
             scores = index_kernel.csa2_index_score(iq, iw, ik, visible)
             sel = topk(scores, TOPK)[1]
-        return attend(q, kv, sel, win, wmask, sink, scale)
+        return attn(q, kv, sel, win, wmask, sink, scale)
 
-    out = {"layer_us": 1e3 * time_ms(layer, graph=True),
-           "layer_multi_launch_us": 1e3 * time_ms(lambda: layer(topk_multi, attn_multi), graph=True)}
+    out = {"layer_us": 1e3 * time_ms(layer, graph=True)}
     if kind != "reuse":
         out["layer_sort_us"] = 1e3 * time_ms(lambda: layer(stable_topk_reference), graph=True)
         scores = index_kernel.csa2_index_score(iq, iw, ik, visible)
@@ -124,19 +119,17 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
         codes, exps = fp4_pow2_pack(ik)  # the release's FP4 index keys: 68 B per entry
         out["index_fp4_us"] = 1e3 * time_ms(
             lambda: index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible), graph=True)
-        out["index_fp4_decode_us"] = 1e3 * time_ms(  # session 4's decode to bf16 keys, for comparison
-            lambda: index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible, overrides={"PATH": "decode"}),
-            graph=True)
+        for path in ("mma", "decode"):  # both FP4 paths at every size (the launcher picks by size)
+            out[f"index_fp4_{path}_us"] = 1e3 * time_ms(lambda: index_kernel.csa2_index_score_fp4(
+                iq, iw, codes, exps, visible, overrides={"PATH": path}), graph=True)
         out["topk_us"] = 1e3 * time_ms(lambda: stable_topk_reference(scores, TOPK), graph=True)
         out["topk_kernel_us"] = 1e3 * time_ms(lambda: topk_kernel(scores, TOPK), graph=True)
-        out["topk_multi_us"] = 1e3 * time_ms(lambda: topk_multi(scores, TOPK), graph=True)
         out["torch_topk_us"] = 1e3 * time_ms(lambda: scores.topk(TOPK, dim=-1), graph=True)  # not stable
         n_keys = visible.sum().item() if kind == "reindex" else n
         out["index_bytes"] = n_keys * INDEX_DIM * 2 + n + 4 * n + INDEX_HEADS * (INDEX_DIM * 2 + 4)
         out["index_fp4_bytes"] = n_keys * (INDEX_DIM // 2 + INDEX_DIM // 32) + n + 4 * n \
             + INDEX_HEADS * (INDEX_DIM * 2 + 4)
     out["attn_us"] = 1e3 * time_ms(lambda: attn(q, kv, idx, win, wmask, sink, scale), graph=True)
-    out["attn_multi_us"] = 1e3 * time_ms(lambda: attn_multi(q, kv, idx, win, wmask, sink, scale), graph=True)
     out["attn_bytes"] = (TOPK + WINDOW) * (HEAD_DIM * 2 + 8) + 2 * HEADS * HEAD_DIM * 2
     if kind == "full" and ctx <= 32768:  # the eager reference of the same layer
         def eager():
@@ -223,12 +216,10 @@ def _sweep_attention(res: dict, gen) -> None:
         sink = torch.randn(HEADS, generator=gen).cuda()
         args = (q, kv, idx, win, wmask, sink, 0.04)
         want = (attn_kernel.SparseAttentionLauncher()(*args),)
-        grid = ([(16, 32, per, 4, 1, 0) for per in (1, 2)] + [(16, 32, 1, 8, 1, 0), (16, 32, 1, 4, 1, 200),
-                                                             (16, 32, 1, 4, 1, 1000), (32, 32, 1, 4, 1, 0)]
-                if rows == 1 else [(16, 32, 1, 4, 3, 0), (32, 32, 1, 4, 3, 0), (32, 32, 1, 8, 3, 0)])
-        for bh, bk, per, nw, stages, ns in grid:
-            over = dict(BLOCK_H=bh, BLOCK_K=bk, MIN_BLOCKS_PER_SPLIT=per, num_warps=nw, num_stages=stages,
-                        POLL_NS=ns)
+        grid = ([(16, 32, per, 4, 3) for per in (1, 2)] + [(16, 32, 1, 8, 3), (16, 32, 1, 4, 1)]
+                if rows == 1 else [(16, 32, 1, 4, 3), (32, 32, 1, 4, 3), (32, 32, 1, 8, 3), (32, 32, 1, 4, 1)])
+        for bh, bk, per, nw, stages in grid:
+            over = dict(BLOCK_H=bh, BLOCK_K=bk, MIN_BLOCKS_PER_SPLIT=per, num_warps=nw, num_stages=stages)
             _sweep_one(res, f"attn rows={rows} {over}",
                        lambda: attn_kernel.SparseAttentionLauncher(overrides=over), lambda f: f(*args),
                        want, 1e-2, graph=True)
@@ -237,12 +228,11 @@ def _sweep_attention(res: dict, gen) -> None:
 def _sweep_topk(res: dict, gen) -> None:
     scores = torch.relu(torch.randn(1, 131072, generator=gen)).cuda()  # ties at 0, as index scores
     want = stable_topk_reference(scores, TOPK)
-    grid = [dict(DIGITS=(8, 8, 8, 8), CHUNK=chunk, num_warps=nw, POLL_NS=ns)
-            for chunk, nw in ((512, 4), (1024, 4), (2048, 4), (1024, 8)) for ns in (0, 200, 1000)]
-    grid += [dict(DIGITS=digits, CHUNK=512, num_warps=4) for digits in ((11, 11, 10), (6, 6, 6, 7, 7))]
-    for over in grid:
-        _sweep_one(res, f"topk n=131072 {over}", lambda: StableTopkLauncher(overrides=over),
-                   lambda f: f(scores, TOPK), want, 0.0, graph=True)
+    for digits in ((8, 8, 8, 8), (11, 11, 10), (6, 6, 6, 7, 7)):
+        for chunk, nw in ((512, 4), (1024, 4), (2048, 4), (1024, 8)):
+            over = dict(DIGITS=digits, CHUNK=chunk, num_warps=nw)
+            _sweep_one(res, f"topk n=131072 {over}", lambda: StableTopkLauncher(overrides=over),
+                       lambda f: f(scores, TOPK), want, 0.0, graph=True)
 
 
 def _sweep_index_fp4(res: dict, gen) -> None:
@@ -252,9 +242,8 @@ def _sweep_index_fp4(res: dict, gen) -> None:
     codes, exps = fp4_pow2_pack(torch.randn(1, n, INDEX_DIM, generator=gen).cuda())
     visible = torch.ones(1, 1, n, dtype=torch.bool, device="cuda")
     want = (index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible),)
-    for path, block_n, blocks, nw in (("mma", 64, 4, 4), ("mma", 64, 1, 4), ("mma", 64, 8, 4), ("mma", 128, 2, 8),
-                                      ("mma", 64, 4, 8)):
-        over = dict(PATH=path, BLOCK_N=block_n, BLOCKS=blocks, num_warps=nw)
+    for block_n, blocks, nw in ((64, 4, 4), (64, 2, 4), (64, 8, 4), (128, 2, 8)):
+        over = dict(PATH="mma", BLOCK_N=block_n, BLOCKS=blocks, num_warps=nw)
         _sweep_one(res, f"index fp4 n={n} {over}", lambda: over,
                    lambda f: index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible, overrides=f),
                    want, 1e-2, graph=True)
@@ -267,8 +256,7 @@ def _sweep_mhc(res: dict, gen) -> None:
         few = tokens <= 64
         # num_stages: how deep Triton's software pipeline runs the channel loop's loads
         grid = ([(1, 32, 4, 3), (1, 64, 4, 3), (1, 32, 4, 1)] if few else
-                [(32, 32, 4, 3), (32, 32, 4, 2), (64, 32, 4, 3), (64, 32, 8, 3), (32, 64, 4, 3),
-                 (32, 64, 8, 3), (32, 128, 8, 2)])
+                [(32, 32, 4, 3), (32, 32, 4, 2), (32, 16, 4, 3), (64, 32, 8, 3)])
         for bt, be, nw, stages in grid:
             over = dict(BLOCK_E=be, BLOCK_T=bt, num_warps=nw, num_stages=stages)
             _sweep_one(res, f"mhc tokens={tokens} {over}",
@@ -379,14 +367,12 @@ def report(res: dict) -> None:
         att_frac = ru["attn_bytes"] / bw / 1e3 / ru["attn_us"]
         lines.append(f"  {ctx:>6} | {sd:9.1f} | {roof:6.1f} | {f['layer_us']:6.1f} ({sd / f['layer_us']:5.0f}x, "
                      f"{roof / f['layer_us']:4.1f}x) [index {f['index_us']:.1f} top-k kernel {f['topk_kernel_us']:.1f} "
-                     f"(per-pass launches {f['topk_multi_us']:.1f}) attn {f['attn_us']:.1f} (two launches "
-                     f"{f['attn_multi_us']:.1f}); layer as session 4 launched it {f['layer_multi_launch_us']:.1f}] | "
-                     f"{ri['layer_us']:6.1f} ({roof / ri['layer_us']:4.1f}x) | "
+                     f"attn {f['attn_us']:.1f}] | {ri['layer_us']:6.1f} ({roof / ri['layer_us']:4.1f}x) | "
                      f"{ru['layer_us']:5.1f} ({roof / ru['layer_us']:4.1f}x) | {100 * idx_frac:4.0f}% | "
                      f"{100 * att_frac:4.0f}% | stable sort {f['topk_us']:.1f} (full layer with it "
                      f"{f['layer_sort_us']:.1f}), torch.topk {f['torch_topk_us']:.1f} | index over FP4 "
-                     f"keys {f['index_fp4_us']:.1f} ({100 * fp4_frac:.0f}% of its roofline; decoding to bf16 "
-                     f"{f['index_fp4_decode_us']:.1f})")
+                     f"keys {f['index_fp4_us']:.1f} ({100 * fp4_frac:.0f}% of its roofline; FP8 tensor cores "
+                     f"{f['index_fp4_mma_us']:.1f}, decoding to bf16 {f['index_fp4_decode_us']:.1f})")
     lines.append("Engram gather: case | HBM us, GB/s (% of gather ceiling) | eager us | pinned host GB/s")
     for label, h in res.get("engram", {}).get("hbm", {}).items():
         p = res["engram"]["pinned"][label]

@@ -79,8 +79,10 @@ def test_index_score_flash_sizes(gen, s, n):
     assert_kernel_matches(got, index_ref.csa2_index_score, (q, w, k, visible), {}, BF16, "index score")
 
 
-def test_index_score_fp4_keys_flash_sizes(gen):
-    """FP4 index keys as stored in the release (32 heads x 128, 68 B per entry)."""
+@pytest.mark.parametrize("path", ["decode", "mma"])
+def test_index_score_fp4_keys_flash_sizes(gen, path):
+    """FP4 index keys as stored in the release (32 heads x 128, 68 B per entry), random bf16
+    queries, through both paths (decode to bf16 keys; FP8 tensor cores)."""
     from dsflash.model.quant import fp4_pow2_pack
 
     q = torch.randn(1, 2, 32, 128, generator=gen).to(BF16)
@@ -89,8 +91,8 @@ def test_index_score_fp4_keys_flash_sizes(gen):
     visible = torch.rand(1, 2, 16411, generator=gen) > 0.2
     args = (q, w, codes, exps, visible)
     poison_allocator()
-    got = index_kernel.csa2_index_score_fp4(*cuda(*args))
-    assert_kernel_matches(got, index_ref.csa2_index_score_fp4, args, {}, BF16, "index scores fp4")
+    got = index_kernel.csa2_index_score_fp4(*cuda(*args), overrides={"PATH": path})
+    assert_kernel_matches(got, index_ref.csa2_index_score_fp4, args, {}, BF16, f"index scores fp4 {path}")
 
 
 @pytest.mark.parametrize("s", [1, 3, 67])
@@ -129,17 +131,18 @@ def test_mhc_boundary_flash_sizes(gen, tokens, n_split):
         assert_kernel_matches(got, mhc_ref.mhc_boundary, args, attrs, BF16, f"mhc {tokens} tokens")
 
 
-def kernels_launched(call) -> list[str]:
-    """Names of the CUDA kernels one call launches (after a first call that compiles and
-    allocates the workspace)."""
+def test_mhc_boundary_is_one_launch(gen):
     from torch.profiler import ProfilerActivity, profile
 
-    call()
+    args = cuda(*mhc_inputs(gen, 1))
+    launcher = mhc_kernel.MhcBoundaryLauncher()
+    launcher(*args, 20, 1e-6, 1e-6)  # compiles and allocates the workspace
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        call()
+        launcher(*args, 20, 1e-6, 1e-6)
         torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    assert kernels == ["mhc_boundary_kernel"], kernels
 
 
 def decode_attention_inputs(gen, n=131072):
@@ -150,24 +153,11 @@ def decode_attention_inputs(gen, n=131072):
             torch.randn(64, generator=gen), 512 ** -0.5)
 
 
-def test_boundary_attention_and_topk_are_one_launch_each(gen):
-    from dsflash.plugins.stable_topk import kernel as topk_kernel
-
-    args = cuda(*mhc_inputs(gen, 1))
-    launcher = mhc_kernel.MhcBoundaryLauncher()
-    assert kernels_launched(lambda: launcher(*args, 20, 1e-6, 1e-6)) == ["mhc_boundary_kernel"]
-    attn = attn_kernel.SparseAttentionLauncher()
-    a = cuda(*decode_attention_inputs(gen, 4096))
-    assert kernels_launched(lambda: attn(*a)) == ["csa2_sparse_attention_split_kernel"]
-    topk = topk_kernel.StableTopkLauncher()
-    scores = torch.randn(1, 131072, device="cuda")
-    assert kernels_launched(lambda: topk(scores, 512)) == ["radix_topk_kernel"]
-
-
-def test_ticket_ordered_kernels_under_graph_replay(gen):
-    """The split attention and the top-k keep tickets and counts inside one launch and clear
-    them for the next: captured once as a CUDA graph and replayed on fresh inputs, each replay
-    equals the reference (a race or a counter left over shows up as a wrong replay)."""
+def test_workspace_kernels_under_graph_replay(gen):
+    """The split attention and the top-k reuse their launchers' workspaces (top-k: histograms and
+    counters it clears itself): captured once as a CUDA graph, as the decode step is, and
+    replayed on fresh inputs, each replay equals the reference (a counter left over or a stale
+    partial shows up as a wrong replay)."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 

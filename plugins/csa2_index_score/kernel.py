@@ -179,8 +179,8 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
                          overrides: dict | None = None) -> torch.Tensor:
     """The reference's (reference.py:csa2_index_score_fp4) signature: keys as FP4 codes [B, N, J/2]
     (uint8) with one int8 exponent per 32 channels [B, N, J/32] (model/quant.py:fp4_pow2_pack).
-    bf16 queries with a power-of-two head count of 16 or more run on the FP8 tensor cores
-    (fp4_mma.py), other queries through the exact bf16/fp32 decode above. `overrides` replaces
+    From 64K entries, bf16 queries with a power-of-two head count of 16 or more run on the FP8
+    tensor cores (fp4_mma.py); other calls use the exact bf16/fp32 decode above. `overrides` replaces
     launch parameters (PATH "mma" or "decode", BLOCK_N, num_warps: benchmark sweeps, tests)."""
     op = "Csa2IndexScore(fp4)"
     check_shape(op, "q", q_BSIJ, (None, None, None, None))
@@ -197,7 +197,12 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     over = dict(overrides or {})
     heads = q_BSIJ.shape[2]
     mma_fits = heads >= 16 and heads == next_pow2(heads)
-    path = over.pop("PATH", "mma" if mma_fits and q_BSIJ.dtype == torch.bfloat16 else "decode")
+    # H200, 2026-12-03 (docs/benchmarks.md): the FP8 path costs ~8 us whatever the size up to 32K
+    # entries (each program's query split and its serial blocks), then grows with the bytes: 9.3 us
+    # at 64K and 12.6 us at 128K, where the decode takes 13.4 and 25.4 us; below 64K the decode is
+    # faster (3.2 us at 4K, 7.5 us at 32K)
+    wide = n >= 65536 and mma_fits and q_BSIJ.dtype == torch.bfloat16
+    path = over.pop("PATH", "mma" if wide else "decode")
     if path == "decode":
         return _launch(csa2_index_score_fp4_kernel, q_BSIJ, w_BSI, (codes_BNH, exps_BNG), n, visible_BSN,
                        over)
@@ -208,8 +213,9 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     out = torch.empty(b, q.shape[1], n, dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out
-    # 64 entries x 4 warps: one m64n32k32 product per part and group (ptxas, sm_90: 128 x 4
-    # spills); 4 blocks per program share one query split
+    # 64 entries x 4 warps (one m64n32k32 product per part and group; ptxas, sm_90: 128 x 4
+    # spills), 4 blocks per program share one query split (H200 sweep at 128K: 12.7 us; 1 block
+    # 16.6, 8 blocks 16.2, 128 x 2 x 8 warps 14.0)
     cfg = {"BLOCK_N": 64, "BLOCKS": 4, "num_warps": 4} | over
     grid = (b * q.shape[1], triton.cdiv(triton.cdiv(n, cfg["BLOCK_N"]), cfg["BLOCKS"]))
     csa2_index_score_fp4_mma_kernel[grid](q, w, codes_BNH.contiguous(), exps_BNG.contiguous(), vis, q.shape[1],

@@ -21,8 +21,10 @@ def aot_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float,
     cfg.pop("MIN_BLOCKS_PER_SPLIT")  # no workspace in an AOT plugin: no key split
     sig = {"q_ptr": pointer(dtype), "kv_ptr": pointer(dtype), "idx_ptr": pointer(idx_dtype),
            "win_ptr": pointer(dtype), "wmask_ptr": "*u8", "sink_ptr": "*fp32", "S": "i32", "N": "i32",
-           "T": "i32", "K": "i32", "out_ptr": pointer(dtype)}
-    consts = dict(H=heads, D=dim, SCALE=float(scale), **{k: v for k, v in cfg.items() if k != "num_warps"})
+           "T": "i32", "K": "i32", "blocks_per_split": "i32", "out_ptr": pointer(dtype), "ws_acc": "*fp32",
+           "ws_ml": "*fp32"}
+    consts = dict(H=heads, D=dim, SCALE=float(scale), SPLIT=False,
+                  **{k: v for k, v in cfg.items() if k != "num_warps"})
     return compile_ptx(kernel.csa2_sparse_attention_kernel, sig, consts, cfg["num_warps"]), cfg
 
 
@@ -54,8 +56,11 @@ def register() -> None:
         launch.grid_y = cdiv_expr(heads, cfg["BLOCK_H"])
         launch.block_x = compiled.block_x
         launch.shared_mem = compiled.shared_mem
-        extra = trtp.SymIntExprs(4)
-        # no workspace in an AOT plugin: one program per (row, head block) runs every key block
-        for i, e in enumerate((q.shape_expr[1], kv.shape_expr[1], win_kv.shape_expr[1], idx.shape_expr[2])):
+        extra = trtp.SymIntExprs(5)
+        # no workspace in an AOT plugin: one split owns every key block
+        k_blocks = (cdiv_expr(idx.shape_expr[2], cfg["BLOCK_K"])
+                    + cdiv_expr(win_kv.shape_expr[1], cfg["BLOCK_K"]))
+        for i, e in enumerate((q.shape_expr[1], kv.shape_expr[1], win_kv.shape_expr[1], idx.shape_expr[2],
+                               k_blocks)):
             extra[i] = trtp.SymInt32(e)
         return compiled.name, compiled.ptx, launch, extra
