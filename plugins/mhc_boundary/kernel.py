@@ -21,7 +21,15 @@ import torch
 import triton
 import triton.language as tl
 
-from dsflash.plugins.launch import LauncherBase, check_device, check_dtype, check_shape, next_pow2, require
+from dsflash.plugins.launch import (
+    LauncherBase,
+    check_device,
+    check_dtype,
+    check_shape,
+    interpreting,
+    next_pow2,
+    require,
+)
 
 
 @triton.jit
@@ -274,7 +282,13 @@ class MhcBoundaryLauncher(LauncherBase):
         comb = torch.empty(b, s, c, c, dtype=torch.float32, device=dev)
         if tokens == 0:
             return new, x, pre, post, comb
-        cfg = launch_config(tokens, c, e, streams_BSCE.dtype) | self._overrides
+        cfg = launch_config(tokens, c, e, streams_BSCE.dtype)
+        if tokens > 64 and not interpreting():
+            # a register cap of 200 for whole-row programs: 620-625 us against 654-655 us at 8,192
+            # tokens on the H200 (two sweeps, 2026-12-03; 168 spills more and is slower). The
+            # TensorRT build (trt.py) compiles without it.
+            cfg["maxnreg"] = 200
+        cfg = cfg | self._overrides
         block_e, block_t = cfg["BLOCK_E"], cfg["BLOCK_T"]
         t_blocks = triton.cdiv(tokens, block_t)
         if n_split is None:  # split channels only until the grid covers the GPU twice
