@@ -122,6 +122,8 @@ def test_index_score_fp4_tensor_core_path(gen, b, s, i, j, n):
     with pytest.raises(ValueError, match="power-of-two head count >= 16, got 12"):
         index_kernel.csa2_index_score_fp4(*_dev(q[:, :, :12], w[:, :, :12], codes, exps, visible),
                                           overrides={"PATH": "mma"})
+    with pytest.raises(ValueError, match="PATH 'fp8' is not one of"):
+        index_kernel.csa2_index_score_fp4(*_dev(*args), overrides={"PATH": "fp8"})
 
 
 @pytest.mark.parametrize("path", ["decode", "mma"])

@@ -203,6 +203,7 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     # faster (3.2 us at 4K, 7.5 us at 32K)
     wide = n >= 65536 and mma_fits and q_BSIJ.dtype == torch.bfloat16
     path = over.pop("PATH", "mma" if wide else "decode")
+    require(path in ("mma", "decode"), f"{op}: PATH {path!r} is not one of 'mma', 'decode'")
     if path == "decode":
         return _launch(csa2_index_score_fp4_kernel, q_BSIJ, w_BSI, (codes_BNH, exps_BNG), n, visible_BSN,
                        over)
