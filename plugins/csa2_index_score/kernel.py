@@ -197,10 +197,10 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     over = dict(overrides or {})
     heads = q_BSIJ.shape[2]
     mma_fits = heads >= 16 and heads == next_pow2(heads)
-    # H200, 2026-12-03 (docs/benchmarks.md): the FP8 path costs ~8 us whatever the size up to 32K
-    # entries (each program's query split and its serial blocks), then grows with the bytes: 9.3 us
-    # at 64K and 12.6 us at 128K, where the decode takes 13.4 and 25.4 us; below 64K the decode is
-    # faster (3.2 us at 4K, 7.5 us at 32K)
+    # H200, 2026-12-03, two runs (docs/benchmarks.md): the FP8 path costs ~8 us whatever the size up
+    # to 32K entries (each program's query split and its serial blocks), then grows with the bytes:
+    # 9.3 us at 64K and 12.6-12.7 us at 128K, where the decode takes 13.4-13.7 and 25.4-26.1 us;
+    # below 64K the decode is faster (3.2 us at 4K, 7.5-7.7 us at 32K)
     wide = n >= 65536 and mma_fits and q_BSIJ.dtype == torch.bfloat16
     path = over.pop("PATH", "mma" if wide else "decode")
     require(path in ("mma", "decode"), f"{op}: PATH {path!r} is not one of 'mma', 'decode'")
