@@ -9,6 +9,7 @@ output tensors; every kernel.py entry point is declared in that order.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +59,10 @@ def compile_ptx(kernel, signature: dict, constexprs: dict, num_warps: int, arch:
     from triton.compiler import ASTSource
 
     fn = jit_function(kernel)
+    # constants with a default (PDL: off for TensorRT, which launches the kernel itself)
+    defaults = {name: p.default for name, p in inspect.signature(fn.fn).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    constexprs = defaults | dict(constexprs)
     missing = [a for a in fn.arg_names if a not in signature and a not in constexprs]
     if missing:
         raise ValueError(f"{fn.__name__}: no type or constant for {missing}")

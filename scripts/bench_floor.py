@@ -5,7 +5,10 @@ decode-sized kernel, against which the decode targets of docs/benchmarks.md are 
 - an empty kernel (80 programs): the launch and retire cost of one graph node;
 - a dependent chain (80 programs): load an index, gather one 1 KB row at it, store the row:
   the shortest form of what sparse attention does per key block (index -> gather -> store);
-- the same chain twice in a row: what one more dependent launch adds.
+- the same chain twice in a row: what one more dependent launch adds;
+- chains of 8 dependent launches (the Full decode layer's count: index, 5 top-k, 2 attention),
+  plain and with programmatic dependent launch (PDL, plugins/pdl.py: each kernel waits on the GPU
+  for the one before, so its launch overlaps that one's run).
 
 Each is timed by `triton.testing.do_bench_cudagraph` (median); the script prints a short table
 and writes floor.json.
@@ -25,7 +28,10 @@ import triton
 import triton.language as tl
 import triton.testing
 
+from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
+
 PROGRAMS, ROW = 80, 512  # the decode attention's split grid; a 512-dim bf16 row (1 KB)
+CHAIN = 8  # dependent launches in a Full decode layer
 
 
 @triton.jit
@@ -34,7 +40,8 @@ def empty_kernel(x_ptr):
 
 
 @triton.jit
-def gather_chain_kernel(idx_ptr, src_ptr, dst_ptr, ROW: tl.constexpr):
+def gather_chain_kernel(idx_ptr, src_ptr, dst_ptr, ROW: tl.constexpr, PDL: tl.constexpr = False):
+    wait_for_earlier_grids(PDL)
     p = tl.program_id(0)
     i = tl.load(idx_ptr + p)
     d = tl.arange(0, ROW)
@@ -62,11 +69,29 @@ def measure() -> dict:
         gather_chain_kernel[(PROGRAMS,)](idx, src, dst, ROW=ROW)
         gather_chain_kernel[(PROGRAMS,)](chain_idx, dst, dst2, ROW=ROW)
 
+    bufs = [dst] + [torch.empty_like(dst) for _ in range(CHAIN)]
+
+    def chain_of(pdl: dict):  # each launch gathers the rows the one before wrote
+        def run():
+            gather_chain_kernel[(PROGRAMS,)](idx, src, bufs[0], ROW=ROW, **pdl)
+            for i in range(1, CHAIN):
+                gather_chain_kernel[(PROGRAMS,)](chain_idx, bufs[i - 1], bufs[i], ROW=ROW, **pdl)
+        return run
+
     chain()
     torch.cuda.synchronize()
     assert torch.equal(dst, src[idx]), "gather_chain_kernel gathered the wrong rows"
-    return {"gpu": torch.cuda.get_device_name(), "empty_us": graph_us(lambda: empty_kernel[(PROGRAMS,)](dst)),
-            "gather_chain_us": graph_us(chain), "gather_chain_twice_us": graph_us(chain_twice)}
+    res = {"gpu": torch.cuda.get_device_name(), "empty_us": graph_us(lambda: empty_kernel[(PROGRAMS,)](dst)),
+           "gather_chain_us": graph_us(chain), "gather_chain_twice_us": graph_us(chain_twice)}
+    pdl = pdl_launch_args(dst.device)
+    for name, args in (("plain", {}), ("pdl", pdl)):
+        run = chain_of(args)
+        for b in bufs:
+            b.zero_()
+        res[f"chain{CHAIN}_{name}_us"] = graph_us(run)
+        assert torch.equal(bufs[-1], src[idx]), f"the {name} chain of {CHAIN} launches lost rows"
+    res["pdl_available"] = bool(pdl.get("PDL"))
+    return res
 
 
 def main() -> None:
@@ -80,6 +105,8 @@ def main() -> None:
     logging.info("launch floor (%s, graph replay, median): empty kernel %.2f us | index -> gather -> store "
                  "%.2f us | the same chain twice %.2f us", res["gpu"], res["empty_us"],
                  res["gather_chain_us"], res["gather_chain_twice_us"])
+    logging.info("%d dependent launches: plain %.2f us, with PDL %.2f us (PDL on this GPU: %s)", CHAIN,
+                 res[f"chain{CHAIN}_plain_us"], res[f"chain{CHAIN}_pdl_us"], res["pdl_available"])
 
 
 if __name__ == "__main__":

@@ -101,15 +101,23 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
     scale = HEAD_DIM ** -0.5
     attn = attn_kernel.SparseAttentionLauncher()  # held: its workspace is reused across calls
     topk_kernel = StableTopkLauncher()  # the radix-select top-k OpSet("triton") runs
+    plain = {"PDL": False}  # the same kernels without programmatic dependent launch
+    attn_plain, topk_plain = attn_kernel.SparseAttentionLauncher(overrides=plain), StableTopkLauncher(overrides=plain)
 
-    def layer(topk=topk_kernel):  # what OpSet("triton") runs: index kernel, top-k kernel, attention
+    def layer(topk=topk_kernel, attn=attn, over=None):  # what OpSet("triton") runs: index, top-k, attention
         sel = idx
         if kind != "reuse":
-            scores = index_kernel.csa2_index_score(iq, iw, ik, visible)
+            scores = index_kernel.csa2_index_score(iq, iw, ik, visible, overrides=over)
             sel = topk(scores, TOPK)[1]
         return attn(q, kv, sel, win, wmask, sink, scale)
 
     out = {"layer_us": 1e3 * time_ms(layer, graph=True)}
+    def plain_layer():
+        return layer(topk_plain, attn_plain, plain)
+
+    if not torch.equal(layer(), plain_layer()):
+        logging.warning("the layer with PDL differs from the one without (%s, %d entries)", kind, n)
+    out["layer_plain_us"] = 1e3 * time_ms(plain_layer, graph=True)
     if kind != "reuse":
         out["layer_sort_us"] = 1e3 * time_ms(lambda: layer(stable_topk_reference), graph=True)
         scores = index_kernel.csa2_index_score(iq, iw, ik, visible)
@@ -124,6 +132,9 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
                 iq, iw, codes, exps, visible, overrides={"PATH": path}), graph=True)
         out["topk_us"] = 1e3 * time_ms(lambda: stable_topk_reference(scores, TOPK), graph=True)
         out["topk_kernel_us"] = 1e3 * time_ms(lambda: topk_kernel(scores, TOPK), graph=True)
+        out["topk_kernel_plain_us"] = 1e3 * time_ms(lambda: topk_plain(scores, TOPK), graph=True)
+        all_passes = StableTopkLauncher(overrides={"EARLY_SORT": 0})  # session 4's five launches
+        out["topk_kernel_all_passes_us"] = 1e3 * time_ms(lambda: all_passes(scores, TOPK), graph=True)
         out["torch_topk_us"] = 1e3 * time_ms(lambda: scores.topk(TOPK, dim=-1), graph=True)  # not stable
         n_keys = visible.sum().item() if kind == "reindex" else n
         out["index_bytes"] = n_keys * INDEX_DIM * 2 + n + 4 * n + INDEX_HEADS * (INDEX_DIM * 2 + 4)
@@ -228,11 +239,12 @@ def _sweep_attention(res: dict, gen) -> None:
 def _sweep_topk(res: dict, gen) -> None:
     scores = torch.relu(torch.randn(1, 131072, generator=gen)).cuda()  # ties at 0, as index scores
     want = stable_topk_reference(scores, TOPK)
-    for digits in ((8, 8, 8, 8), (11, 11, 10), (6, 6, 6, 7, 7)):
-        for chunk, nw in ((512, 4), (1024, 4), (2048, 4), (1024, 8)):
-            over = dict(DIGITS=digits, CHUNK=chunk, num_warps=nw)
-            _sweep_one(res, f"topk n=131072 {over}", lambda: StableTopkLauncher(overrides=over),
-                       lambda f: f(scores, TOPK), want, 0.0, graph=True)
+    configs = [dict(EARLY_SORT=early) for early in (0, 1024, 2048, 4096)]
+    configs += [dict(DIGITS=(11, 11, 10), CHUNK=chunk) for chunk in (512, 1024)]
+    configs += [dict(DIGITS=(6, 6, 6, 7, 7)), dict(CHUNK=1024), dict(num_warps=8)]
+    for over in configs:
+        _sweep_one(res, f"topk n=131072 {over}", lambda over=over: StableTopkLauncher(overrides=over),
+                   lambda f: f(scores, TOPK), want, 0.0, graph=True)
 
 
 def _sweep_index_fp4(res: dict, gen) -> None:
@@ -369,9 +381,11 @@ def report(res: dict) -> None:
         fp4_frac = f["index_fp4_bytes"] / bw / 1e3 / f["index_fp4_us"]
         att_frac = ru["attn_bytes"] / bw / 1e3 / ru["attn_us"]
         lines.append(f"  {ctx:>6} | {sd:9.1f} | {roof:6.1f} | {f['layer_us']:6.1f} ({sd / f['layer_us']:5.0f}x, "
-                     f"{roof / f['layer_us']:4.1f}x) [index {f['index_us']:.1f} top-k kernel {f['topk_kernel_us']:.1f} "
-                     f"attn {f['attn_us']:.1f}] | {ri['layer_us']:6.1f} ({roof / ri['layer_us']:4.1f}x) | "
-                     f"{ru['layer_us']:5.1f} ({roof / ru['layer_us']:4.1f}x) | {100 * idx_frac:4.0f}% | "
+                     f"{roof / f['layer_us']:4.1f}x; no PDL {f['layer_plain_us']:.1f}) [index {f['index_us']:.1f} "
+                     f"top-k kernel {f['topk_kernel_us']:.1f} (no PDL {f['topk_kernel_plain_us']:.1f}, every pass "
+                     f"{f['topk_kernel_all_passes_us']:.1f}) attn {f['attn_us']:.1f}] | {ri['layer_us']:6.1f} "
+                     f"({roof / ri['layer_us']:4.1f}x; no PDL {ri['layer_plain_us']:.1f}) | {ru['layer_us']:5.1f} "
+                     f"({roof / ru['layer_us']:4.1f}x; no PDL {ru['layer_plain_us']:.1f}) | {100 * idx_frac:4.0f}% | "
                      f"{100 * att_frac:4.0f}% | stable sort {f['topk_us']:.1f} (full layer with it "
                      f"{f['layer_sort_us']:.1f}), torch.topk {f['torch_topk_us']:.1f} | index over FP4 "
                      f"keys {f['index_fp4_us']:.1f} ({100 * fp4_frac:.0f}% of its roofline; FP8 tensor cores "

@@ -25,7 +25,7 @@ else
   python3 scripts/aot_kernels.py --config flash --dtype bf16 --out "$OUT/kernels_flash" 2>&1 | tail -7 \
     | tee "$OUT/aot.log"
 fi
-python3 scripts/bench_floor.py --out "$OUT" 2>&1 | tail -1 | tee "$OUT/floor.log"
+python3 scripts/bench_floor.py --out "$OUT" 2>&1 | tail -2 | tee "$OUT/floor.log"
 python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\]" | tail -36
 echo "gpu tests exit status: $tests"
 exit "$tests"

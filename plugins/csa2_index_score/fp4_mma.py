@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from dsflash.plugins.csa2_index_score.kernel import exact_pow2
+from dsflash.plugins.pdl import wait_for_earlier_grids
 
 
 @triton.jit
@@ -81,10 +82,12 @@ def _query_parts(q_ptr, row, I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr)
 @triton.jit
 def csa2_index_score_fp4_mma_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, vis_ptr, S, N, out_ptr,
                                     I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr,
-                                    BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr):
+                                    BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr,
+                                    PDL: tl.constexpr = False):
     """Grid (B * S query rows, runs of BLOCKS entry blocks of BLOCK_N): the query split is made
     once per program and serves its BLOCKS blocks. I heads (a power of two >= 16), J channels (a
     multiple of 32, JP the next power of two)."""
+    wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     b = row // S
     q_hi, q_lo, inv_a, ii = _query_parts(q_ptr, row, I, J, JP)

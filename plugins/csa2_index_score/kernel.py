@@ -27,6 +27,7 @@ from dsflash.plugins.launch import (
     next_pow2,
     require,
 )
+from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
 
 
 @triton.jit
@@ -65,9 +66,11 @@ def _entry_block(vis_ptr, S, N, BLOCK_N: tl.constexpr):
 @triton.jit
 def csa2_index_score_kernel(q_ptr, w_ptr, k_ptr, vis_ptr, S, N, out_ptr,
                             I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr):
+                            BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr,
+                            PDL: tl.constexpr = False):
     # TensorRT's AOT order (inputs, integer scalars, outputs); contiguous tensors, so strides
     # follow from the sizes.
+    wait_for_earlier_grids(PDL)
     b, s, n, nmask, vis = _entry_block(vis_ptr, S, N, BLOCK_N)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     if tl.max(vis.to(tl.int32), axis=0) > 0:
@@ -120,7 +123,8 @@ def _fp4_keys(codes_ptr, exps_ptr, entry, nmask, J: tl.constexpr, BLOCK_N: tl.co
 @triton.jit
 def csa2_index_score_fp4_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, vis_ptr, S, N, out_ptr,
                                 I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr,
-                                BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr):
+                                BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr,
+                                PDL: tl.constexpr = False):
     """The same scores with the keys read as stored in the release: 68 B per 128-dim entry
     (64 B of codes, 4 exponents) instead of 256, decoded in registers into the bf16 kernel's
     key tile. H200, 128K entries (docs/benchmarks.md): 25.9 us, 9% of its roofline and still
@@ -129,6 +133,7 @@ def csa2_index_score_fp4_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, vis_ptr, S, N
     nibble (55 us), even/odd channel halves with two dots (35-101 us over block sizes), bf16 keys
     built as bit patterns from integer ops alone (25.0 us: the decode arithmetic is not what
     limits it)."""
+    wait_for_earlier_grids(PDL)
     b, s, n, nmask, vis = _entry_block(vis_ptr, S, N, BLOCK_N)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     if tl.max(vis.to(tl.int32), axis=0) > 0:
@@ -155,14 +160,18 @@ def _launch(kernel, q_BSIJ, w_BSI, keys: tuple, n: int, visible_BSN, overrides: 
     out = torch.empty(b, s, n, dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out
-    cfg = launch_config(i, j, q.dtype) | (overrides or {})
+    over = dict(overrides or {})
+    pdl = pdl_launch_args(q.device, {"PDL": over.pop("PDL", True)})
+    cfg = launch_config(i, j, q.dtype) | over
     kernel[(b * s, triton.cdiv(n, cfg["BLOCK_N"]))](q, w, *(k.contiguous() for k in keys), vis, s, n, out,
-                                                   I=i, J=j, **cfg)
+                                                   I=i, J=j, **cfg, **pdl)
     return out
 
 
 def csa2_index_score(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: torch.Tensor,
-                     visible_BSN: torch.Tensor) -> torch.Tensor:
+                     visible_BSN: torch.Tensor, *, overrides: dict | None = None) -> torch.Tensor:
+    """The reference's signature; `overrides` replaces launch parameters (BLOCK_N, num_warps,
+    PDL: benchmarks)."""
     op = "Csa2IndexScore"
     check_shape(op, "q", q_BSIJ, (None, None, None, None))
     b, _, _, j = q_BSIJ.shape
@@ -171,7 +180,7 @@ def csa2_index_score(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: torch.Ten
     check_dtype(op, "k", k_BNJ, FLOATS)
     require(q_BSIJ.dtype == k_BNJ.dtype, f"{op}: q is {q_BSIJ.dtype} but k is {k_BNJ.dtype}")
     check_device(op, q=q_BSIJ, w=w_BSI, k=k_BNJ, visible=visible_BSN)
-    return _launch(csa2_index_score_kernel, q_BSIJ, w_BSI, (k_BNJ,), k_BNJ.shape[1], visible_BSN)
+    return _launch(csa2_index_score_kernel, q_BSIJ, w_BSI, (k_BNJ,), k_BNJ.shape[1], visible_BSN, overrides)
 
 
 def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: torch.Tensor,
@@ -217,10 +226,12 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     # 64 entries x 4 warps (one m64n32k32 product per part and group; ptxas, sm_90: 128 x 4
     # spills), 4 blocks per program share one query split (H200 sweep at 128K: 12.7 us; 1 block
     # 16.6, 8 blocks 16.2, 128 x 2 x 8 warps 14.0)
+    pdl = pdl_launch_args(q.device, {"PDL": over.pop("PDL", True)})
     cfg = {"BLOCK_N": 64, "BLOCKS": 4, "num_warps": 4} | over
     grid = (b * q.shape[1], triton.cdiv(triton.cdiv(n, cfg["BLOCK_N"]), cfg["BLOCKS"]))
     csa2_index_score_fp4_mma_kernel[grid](q, w, codes_BNH.contiguous(), exps_BNG.contiguous(), vis, q.shape[1],
-                                          n, out, I=heads, J=j, JP=next_pow2(j), ASM=not interpreting(), **cfg)
+                                          n, out, I=heads, J=j, JP=next_pow2(j), ASM=not interpreting(), **cfg,
+                                          **pdl)
     return out
 
 

@@ -26,6 +26,7 @@ from dsflash.plugins.launch import (
     next_pow2,
     require,
 )
+from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
 
 
 @triton.jit
@@ -51,10 +52,11 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
                                  blocks_per_split, out_ptr, ws_acc, ws_ml,
                                  H: tl.constexpr, D: tl.constexpr, SCALE: tl.constexpr,
                                  BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-                                 SPLIT: tl.constexpr, IEEE: tl.constexpr):
+                                 SPLIT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False):
     # TensorRT's AOT order (inputs, integer scalars, outputs), then the split path's workspace
     # (the TensorRT build compiles SPLIT = 0 and never touches it). Contiguous tensors, so
     # strides follow from the sizes; the softmax scale is a compile-time constant (an attribute).
+    wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     b = row // S
     s = row % S
@@ -104,9 +106,10 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
 @triton.jit
 def csa2_attention_combine_kernel(ws_acc, ws_ml, sink_ptr, n_split, out_ptr, H: tl.constexpr,
                                   D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-                                  NSP: tl.constexpr):
+                                  NSP: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (query rows, heads): the n_split partial softmaxes of one head in one load each
     (maxima, sums, outputs), weighted by exp(m_p - m) and normalised with the sink."""
+    wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     sp = tl.arange(0, NSP)
@@ -177,6 +180,7 @@ class SparseAttentionLauncher(LauncherBase):
         if out.numel() == 0:
             return out
         cfg = launch_config(h, d, q.dtype) | self._overrides
+        pdl = pdl_launch_args(q.device, {"PDL": cfg.pop("PDL", True)})
         per_min = cfg.pop("MIN_BLOCKS_PER_SPLIT")
         h_blocks = triton.cdiv(h, cfg["BLOCK_H"])
         pairs = b * s * h_blocks
@@ -195,11 +199,11 @@ class SparseAttentionLauncher(LauncherBase):
         stages = cfg.pop("num_stages", 1 if split and per == 1 else 3)
         csa2_sparse_attention_kernel[(b * s, h_blocks, n_split)](
             q, kv, idx, win, wmask, sink, s, kv.shape[1], t, idx.shape[2], per, out, *ws,
-            H=h, D=d, SCALE=float(scale), SPLIT=split, num_stages=stages, **cfg)
+            H=h, D=d, SCALE=float(scale), SPLIT=split, num_stages=stages, **cfg, **pdl)
         if split:
             csa2_attention_combine_kernel[(b * s, h)](
                 *ws, sink, n_split, out, H=h, D=d, BLOCK_H=cfg["BLOCK_H"], BLOCK_D=cfg["BLOCK_D"],
-                NSP=next_pow2(n_split), num_warps=4)
+                NSP=next_pow2(n_split), num_warps=4, **pdl)
         return out
 
 
