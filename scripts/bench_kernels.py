@@ -270,10 +270,12 @@ def _sweep_mhc(res: dict, gen) -> None:
         # maxnreg: a register cap (ptxas) for a third program per SM at 8,192 tokens (ncu: two,
         # limited by registers), paid for in spills
         grid = ([(1, 32, 4, 3, None), (1, 64, 4, 3, None), (1, 32, 4, 1, None)] if few else
-                [(32, 32, 4, 3, None), (32, 32, 4, 2, None), (32, 32, 4, 3, 168), (32, 32, 4, 2, 168),
-                 (32, 32, 4, 3, 200)])
+                [(32, 32, 4, 3, 0), (32, 32, 4, 2, 0), (32, 32, 4, 3, 168), (32, 32, 4, 2, 168),
+                 (32, 32, 4, 4, 168), (32, 64, 4, 3, 0), (64, 32, 8, 3, 0), (64, 32, 8, 3, 128)])
         for bt, be, nw, stages, cap in grid:
-            over = dict(BLOCK_E=be, BLOCK_T=bt, num_warps=nw, num_stages=stages) | ({"maxnreg": cap} if cap else {})
+            # (cap 0: no register cap, also where the launcher would set one)
+            over = dict(BLOCK_E=be, BLOCK_T=bt, num_warps=nw, num_stages=stages) | ({"maxnreg": cap} if cap else
+                                                                                  {} if few else {"maxnreg": None})
             _sweep_one(res, f"mhc tokens={tokens} {over}",
                        lambda: mhc_kernel.MhcBoundaryLauncher(overrides=over), lambda f: f(*args),
                        want, 2e-2, graph=few)

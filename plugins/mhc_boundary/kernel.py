@@ -209,8 +209,13 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
     acc = tl.zeros([BLOCK_T, MP], dtype=tl.float32)
     sumsq_r = tl.zeros([BLOCK_T], dtype=tl.float32)
     sumsq_x = tl.zeros([BLOCK_T], dtype=tl.float32)
-    e_lo = tl.program_id(1) * e_per_split
-    e_hi = tl.minimum(e_lo + e_per_split, E)
+    if SPLIT:
+        e_lo = tl.program_id(1) * e_per_split
+        e_hi = tl.minimum(e_lo + e_per_split, E)
+    else:  # compile-time bounds: the compiler then knows each chunk's channels are aligned and
+        # its mask constant along them, and vectorises the masked stores (16 B per thread)
+        e_lo = 0
+        e_hi = E
     for e0 in range(e_lo, e_hi, BLOCK_E):
         acc, sumsq_r, sumsq_x = _mix_chunk(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, new_ptr,
                                            x_ptr, t64, tmask, e0, e_hi, acc, sumsq_r, sumsq_x, C, E, M, MP,
@@ -284,10 +289,9 @@ class MhcBoundaryLauncher(LauncherBase):
             return new, x, pre, post, comb
         cfg = launch_config(tokens, c, e, streams_BSCE.dtype)
         if tokens > 64 and not interpreting():
-            # a register cap of 200 for whole-row programs: 620-625 us against 654-655 us at 8,192
-            # tokens on the H200 (two sweeps, 2026-12-03; 168 spills more and is slower). The
-            # TensorRT build (trt.py) compiles without it.
-            cfg["maxnreg"] = 200
+            # whole-row programs: 179 registers without a cap (ptxas, sm_90a), two programs per
+            # SM; at 168 (no spills) three fit. The TensorRT build (trt.py) compiles without it.
+            cfg["maxnreg"] = 168
         cfg = cfg | self._overrides
         block_e, block_t = cfg["BLOCK_E"], cfg["BLOCK_T"]
         t_blocks = triton.cdiv(tokens, block_t)
