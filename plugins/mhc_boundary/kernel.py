@@ -106,7 +106,7 @@ def _coefficients(post_ptr, comb_ptr, pre_ptr, t64, tmask, C: tl.constexpr):
 
 @triton.jit
 def _mix_chunk(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, new_ptr, x_ptr, t64, tmask,
-               e0, e_hi, acc, sumsq_r, sumsq_x, C: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
+               e0, acc, sumsq_r, sumsq_x, C: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
                MP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, IEEE: tl.constexpr):
     """One chunk of BLOCK_E channels of BLOCK_T tokens: new R, the collapse x and the projection
     onto fn, one output stream at a time so every tile stays 2-D [BLOCK_T, BLOCK_E] (3-D
@@ -117,7 +117,7 @@ def _mix_chunk(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, new_ptr,
     # coefficients per chunk (L1 hits): held across the channel loop they spill (ptxas, sm_90)
     post, comb, pre = _coefficients(post_ptr, comb_ptr, pre_ptr, t64, tmask, C)
     e = e0 + tl.arange(0, BLOCK_E)
-    emask = e < e_hi
+    emask = e < E
     m2 = tmask[:, None] & emask[None, :]
     m = tl.arange(0, MP)
     y = tl.load(y_ptr + t64[:, None] * E + e[None, :], mask=m2, other=0.0).to(tl.float32)
@@ -194,7 +194,7 @@ def _merge_and_finish(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, x_ptr, nw_pt
 
 @triton.jit
 def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, base_ptr, scale_ptr,
-                        nw_ptr, T, e_per_split, n_split, new_ptr, x_ptr, pre_out, post_out, comb_out,
+                        nw_ptr, T, chunks_per_split, n_split, new_ptr, x_ptr, pre_out, post_out, comb_out,
                         ws_acc, ws_sq, counter,
                         C: tl.constexpr, E: tl.constexpr, M: tl.constexpr, MP: tl.constexpr,
                         ITERS: tl.constexpr, HC_EPS: tl.constexpr, RMS_EPS: tl.constexpr,
@@ -209,17 +209,21 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
     acc = tl.zeros([BLOCK_T, MP], dtype=tl.float32)
     sumsq_r = tl.zeros([BLOCK_T], dtype=tl.float32)
     sumsq_x = tl.zeros([BLOCK_T], dtype=tl.float32)
+    # A split is a run of whole chunks and the channel mask depends on E alone, so the compiler
+    # knows each chunk's channels are aligned and the mask constant along them, and vectorises
+    # the masked stores (16 B per thread). With a runtime channel bound it stored one bf16 per
+    # thread, kept x's sum in two layouts, and needed 255 registers plus spills (ptxas, sm_90a).
+    n_chunks: tl.constexpr = (E + BLOCK_E - 1) // BLOCK_E
     if SPLIT:
-        e_lo = tl.program_id(1) * e_per_split
-        e_hi = tl.minimum(e_lo + e_per_split, E)
-    else:  # compile-time bounds: the compiler then knows each chunk's channels are aligned and
-        # its mask constant along them, and vectorises the masked stores (16 B per thread)
-        e_lo = 0
-        e_hi = E
-    for e0 in range(e_lo, e_hi, BLOCK_E):
+        c_lo = tl.program_id(1) * chunks_per_split
+        c_hi = tl.minimum(c_lo + chunks_per_split, n_chunks)
+    else:
+        c_lo = 0
+        c_hi = n_chunks
+    for c in range(c_lo, c_hi):
         acc, sumsq_r, sumsq_x = _mix_chunk(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, new_ptr,
-                                           x_ptr, t64, tmask, e0, e_hi, acc, sumsq_r, sumsq_x, C, E, M, MP,
-                                           BLOCK_T, BLOCK_E, IEEE)
+                                           x_ptr, t64, tmask, c * BLOCK_E, acc, sumsq_r, sumsq_x, C, E, M,
+                                           MP, BLOCK_T, BLOCK_E, IEEE)
     if SPLIT:
         m = tl.arange(0, MP)
         slot = tl.program_id(1).to(tl.int64) * T + t64
@@ -298,15 +302,16 @@ class MhcBoundaryLauncher(LauncherBase):
         if n_split is None:  # split channels only until the grid covers the GPU twice
             n_split = max(1, min(triton.cdiv(e, block_e), triton.cdiv(2 * self._sms(dev), t_blocks)))
         n_split = min(n_split, 256)  # the merge reads every split's partials in one [NSP, MP] load
-        e_per = triton.cdiv(triton.cdiv(e, n_split), block_e) * block_e
-        n_split = triton.cdiv(e, e_per)
+        chunks = triton.cdiv(e, block_e)
+        per = triton.cdiv(chunks, n_split)  # chunks per split
+        n_split = triton.cdiv(chunks, per)
         split = n_split > 1
         ws_acc, ws_sq, counter = self._workspace(dev, n_split * tokens if split else 1, cfg["MP"],
                                                  t_blocks if split else 1)
         f = [t.contiguous() for t in (streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next,
                                       base_next, scale_next, norm_weight)]
         mhc_boundary_kernel[(t_blocks, n_split)](
-            *f, tokens, e_per, n_split, new, x, pre, post, comb, ws_acc, ws_sq, counter, C=c, E=e, M=n_mix,
+            *f, tokens, per, n_split, new, x, pre, post, comb, ws_acc, ws_sq, counter, C=c, E=e, M=n_mix,
             ITERS=int(iters), HC_EPS=float(hc_eps), RMS_EPS=float(rms_eps), NSP=next_pow2(n_split),
             E_P2=next_pow2(e), SPLIT=split, **cfg)
         return new, x, pre, post, comb

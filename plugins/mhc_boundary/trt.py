@@ -24,7 +24,7 @@ def aot_kernel(dtype: torch.dtype, tokens_hint: int, hc: int, hidden: int, iters
     x = pointer(dtype)
     sig = {"streams_ptr": x, "y_ptr": x, "post_ptr": "*fp32", "comb_ptr": "*fp32", "pre_ptr": "*fp32",
            "fn_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "nw_ptr": x, "T": "i32",
-           "e_per_split": "i32", "n_split": "i32", "new_ptr": x, "x_ptr": x, "pre_out": "*fp32",
+           "chunks_per_split": "i32", "n_split": "i32", "new_ptr": x, "x_ptr": x, "pre_out": "*fp32",
            "post_out": "*fp32", "comb_out": "*fp32", "ws_acc": "*fp32", "ws_sq": "*fp32", "counter": "*i32"}
     consts = dict(C=hc, E=hidden, M=(2 + hc) * hc, ITERS=int(iters), HC_EPS=float(hc_eps),
                   RMS_EPS=float(rms_eps), SPLIT=False, NSP=1,
@@ -62,6 +62,6 @@ def register() -> None:
         launch.shared_mem = compiled.shared_mem
         extra = trtp.SymIntExprs(3)
         extra[0] = trtp.SymInt32(tokens)
-        extra[1] = trtp.SymInt32(hidden)  # one split owns every channel
+        extra[1] = trtp.SymInt32(hidden)  # one split owns every channel (SPLIT = 0 ignores it)
         extra[2] = trtp.SymInt32(1)
         return compiled.name, compiled.ptx, launch, extra
