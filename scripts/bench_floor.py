@@ -69,7 +69,7 @@ def measure() -> dict:
         gather_chain_kernel[(PROGRAMS,)](idx, src, dst, ROW=ROW)
         gather_chain_kernel[(PROGRAMS,)](chain_idx, dst, dst2, ROW=ROW)
 
-    bufs = [dst] + [torch.empty_like(dst) for _ in range(CHAIN)]
+    bufs = [dst] + [torch.empty_like(dst) for _ in range(CHAIN - 1)]
 
     def chain_of(pdl: dict):  # each launch gathers the rows the one before wrote
         def run():

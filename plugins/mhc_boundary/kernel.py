@@ -26,7 +26,6 @@ from dsflash.plugins.launch import (
     check_device,
     check_dtype,
     check_shape,
-    interpreting,
     next_pow2,
     require,
 )
@@ -292,10 +291,6 @@ class MhcBoundaryLauncher(LauncherBase):
         if tokens == 0:
             return new, x, pre, post, comb
         cfg = launch_config(tokens, c, e, streams_BSCE.dtype)
-        if tokens > 64 and not interpreting():
-            # whole-row programs: 179 registers without a cap (ptxas, sm_90a), two programs per
-            # SM; at 168 (no spills) three fit. The TensorRT build (trt.py) compiles without it.
-            cfg["maxnreg"] = 168
         cfg = cfg | self._overrides
         block_e, block_t = cfg["BLOCK_E"], cfg["BLOCK_T"]
         t_blocks = triton.cdiv(tokens, block_t)
