@@ -133,8 +133,6 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
         out["topk_us"] = 1e3 * time_ms(lambda: stable_topk_reference(scores, TOPK), graph=True)
         out["topk_kernel_us"] = 1e3 * time_ms(lambda: topk_kernel(scores, TOPK), graph=True)
         out["topk_kernel_plain_us"] = 1e3 * time_ms(lambda: topk_plain(scores, TOPK), graph=True)
-        all_passes = StableTopkLauncher(overrides={"EARLY_SORT": 0})  # session 4's five launches
-        out["topk_kernel_all_passes_us"] = 1e3 * time_ms(lambda: all_passes(scores, TOPK), graph=True)
         out["torch_topk_us"] = 1e3 * time_ms(lambda: scores.topk(TOPK, dim=-1), graph=True)  # not stable
         n_keys = visible.sum().item() if kind == "reindex" else n
         out["index_bytes"] = n_keys * INDEX_DIM * 2 + n + 4 * n + INDEX_HEADS * (INDEX_DIM * 2 + 4)
@@ -239,9 +237,8 @@ def _sweep_attention(res: dict, gen) -> None:
 def _sweep_topk(res: dict, gen) -> None:
     scores = torch.relu(torch.randn(1, 131072, generator=gen)).cuda()  # ties at 0, as index scores
     want = stable_topk_reference(scores, TOPK)
-    configs = [dict(EARLY_SORT=early) for early in (0, 1024, 2048, 4096)]
-    configs += [dict(DIGITS=(11, 11, 10), CHUNK=chunk) for chunk in (512, 1024)]
-    configs += [dict(DIGITS=(6, 6, 6, 7, 7)), dict(CHUNK=1024), dict(num_warps=8)]
+    configs = [{}, {"PDL": False}, {"DIGITS": (11, 11, 10)}, {"DIGITS": (11, 11, 10), "CHUNK": 1024},
+               {"DIGITS": (6, 6, 6, 7, 7)}, {"CHUNK": 1024}, {"num_warps": 8}]
     for over in configs:
         _sweep_one(res, f"topk n=131072 {over}", lambda over=over: StableTopkLauncher(overrides=over),
                    lambda f: f(scores, TOPK), want, 0.0, graph=True)
@@ -384,8 +381,8 @@ def report(res: dict) -> None:
         att_frac = ru["attn_bytes"] / bw / 1e3 / ru["attn_us"]
         lines.append(f"  {ctx:>6} | {sd:9.1f} | {roof:6.1f} | {f['layer_us']:6.1f} ({sd / f['layer_us']:5.0f}x, "
                      f"{roof / f['layer_us']:4.1f}x; no PDL {f['layer_plain_us']:.1f}) [index {f['index_us']:.1f} "
-                     f"top-k kernel {f['topk_kernel_us']:.1f} (no PDL {f['topk_kernel_plain_us']:.1f}, every pass "
-                     f"{f['topk_kernel_all_passes_us']:.1f}) attn {f['attn_us']:.1f}] | {ri['layer_us']:6.1f} "
+                     f"top-k kernel {f['topk_kernel_us']:.1f} (no PDL {f['topk_kernel_plain_us']:.1f}) "
+                     f"attn {f['attn_us']:.1f}] | {ri['layer_us']:6.1f} "
                      f"({roof / ri['layer_us']:4.1f}x; no PDL {ri['layer_plain_us']:.1f}) | {ru['layer_us']:5.1f} "
                      f"({roof / ru['layer_us']:4.1f}x; no PDL {ru['layer_plain_us']:.1f}) | {100 * idx_frac:4.0f}% | "
                      f"{100 * att_frac:4.0f}% | stable sort {f['topk_us']:.1f} (full layer with it "

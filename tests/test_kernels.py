@@ -263,15 +263,12 @@ def test_stable_topk_rejects_bad_digit_schedules(digits):
 
 @pytest.mark.parametrize("rows,n,k,chunk", [(3, 50, 4, None), (2, 300, 8, 64), (1, 1000, 16, 128), (2, 5, 8, None),
                                             (1, 3000, 100, 256), (2, 700, 1, 128), (1, 64, 64, 16)])
-@pytest.mark.parametrize("digits,early", [(None, 0), ((11, 11, 10), 0), ((5, 9, 7, 11), 0), (None, "tight"),
-                                          (None, None)])
-def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk, digits, early):
+@pytest.mark.parametrize("digits", [None, (11, 11, 10), (5, 9, 7, 11)])
+def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk, digits):
     """Same indices and values as the stable sort, bit for bit: ties (ReLU zeros, rounded
     values) to the lower index across chunks, -inf / +inf, k > N, k = 1, k = N, several chunks,
-    twice on one launcher (its histograms and counters must clear). All digit passes (early
-    finish off) for the default digit schedule and two others (fewer, wider passes; uneven
-    widths); the early finish with the smallest sort it allows (so rows finish at different
-    passes) and with the default one."""
+    twice on one launcher (its histograms and counters must clear), for the default digit
+    schedule and two others (fewer, wider passes; uneven widths)."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
@@ -279,65 +276,11 @@ def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk, digits, early):
     scores[0, ::7] = float("-inf")
     scores[-1, 3] = float("inf")
     over = ({"CHUNK": chunk} if chunk else {}) | ({"DIGITS": digits} if digits else {})
-    if early is not None:
-        over["EARLY_SORT"] = topk_kernel.next_pow2(min(k, n) + 1) if early == "tight" else early
     launcher = topk_kernel.StableTopkLauncher(overrides=over)
     want_v, want_i = topk_ref.stable_topk(scores, k)
     for _ in range(2):
         got_v, got_i = launcher(*_dev(scores), k)
         assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
+        # counters and histograms are back at zero for the next call (CUDA-graph replay)
         for ws in launcher._ws.values():
-            # counters and histograms are back at zero for the next call (CUDA-graph replay)
             assert torch.count_nonzero(ws["counter"]) == 0 and torch.count_nonzero(ws["hist"]) == 0
-            if early == 0:
-                assert torch.count_nonzero(ws["state"][:rows, 3]) == 0  # no row finished early
-
-
-def _expected_finish_pass(scores_N: torch.Tensor, k: int, digits: tuple, cap: int) -> int:
-    """The digit pass (from 1) that should finish a row early, 0 for none: the first pass before
-    which at most `cap` entries share V's bits found so far (V: the k-th best order-preserving
-    key), worked out here on the host from the keys alone."""
-    big = torch.finfo(torch.float32).max
-    bits = scores_N.clamp(-big, big).view(torch.int32).long() & 0xFFFFFFFF
-    keys = torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits | 2**31)
-    v = keys.sort(descending=True).values[k - 1]
-    known = 0
-    for i, width in enumerate(digits):
-        in_play = int((keys >> (32 - known) == v >> (32 - known)).sum()) if known else keys.numel()
-        if in_play <= cap:
-            return i + 1
-        known += width
-    return 0
-
-
-@pytest.mark.parametrize("case", ["wide", "very wide", "few", "ties", "narrow"])
-def test_stable_topk_early_finish_at_the_expected_pass(gen, case):
-    """The early finish happens at the pass the keys call for (worked out independently on the
-    host), and the result is the stable sort's: entries spread over ~240 binades (few share the
-    k-th's first digit: pass 2 here), over ~60 (pass 3), a row shorter than the cap (pass 1), all
-    equal (never: the select pass), and values in one binade (pass 3 or 4)."""
-    from dsflash.plugins.stable_topk import kernel as topk_kernel
-    from dsflash.plugins.stable_topk import reference as topk_ref
-
-    n, k, sort = {"few": (8, 8, 16)}.get(case, (600, 8, 16))
-    spread = {"wide": 60.0, "very wide": 240.0}.get(case)
-    if spread is not None:
-        scores = torch.exp2((torch.rand(2, n, generator=gen) - 0.5) * spread)
-    elif case == "ties":
-        scores = torch.zeros(2, n)
-    else:
-        scores = 1.0 + torch.rand(2, n, generator=gen)
-    launcher = topk_kernel.StableTopkLauncher(overrides={"EARLY_SORT": sort, "CHUNK": 64})
-    got_v, got_i = launcher(*_dev(scores), k)
-    want_v, want_i = topk_ref.stable_topk(scores, k)
-    assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
-    (ws,) = launcher._ws.values()
-    finished = [int(f) for f in ws["state"][:2, 3].cpu()]
-    expected = [_expected_finish_pass(row, k, topk_kernel.DIGITS, sort - k) for row in scores]
-    assert finished == expected
-    if case == "ties":
-        assert expected == [0, 0]
-    elif case == "few":
-        assert expected == [1, 1]
-    else:
-        assert min(expected) >= 2

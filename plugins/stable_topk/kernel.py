@@ -12,15 +12,12 @@ then writes every entry above V and the first (k - #above) entries equal to V in
 chunk); its last program sorts the k selected by (key, then lower index) and writes indices
 and values. That is the reference's stable order exactly.
 
-Early finish: once the entries still in play are few (at most EARLY_SORT - k, known after a
-digit pass), the next pass does not histogram. Each program appends its entries at or above
-the prefix (the k - k_rem above it, and those in play) to a buffer, and the last program sorts
-the buffer by (key, then lower index) and writes the first k: the same order, since every
-entry of the top k is in the buffer. It marks the row finished, and the passes left exit at
-once (a launch that reads one flag, ~1 us on the H200, against ~4-5 us for a digit pass). At
-128K index scores the 16-bit prefix leaves tens to hundreds of entries in play, so the third
-launch finishes. Many exact ties at the k-th value (all in play to the end) take the full
-passes, as before.
+Measured and dropped (H200, 2026-12-03): an early finish that, once at most a few hundred
+entries were left in play after a digit pass, had the next pass append them to a buffer and its
+last program sort them with tl.sort (the later launches exiting on a flag). It was exact, and
+slower: 27.2 us at 128K with a 1,024-entry sort, 47.2 with 2,048, 90.4 with 4,096, against 23.1 us
+for every pass; one program's bitonic sort costs more than the launches it saves. Programmatic
+dependent launch (plugins/pdl.py) is kept: 22.0 us against 23.8 us without it.
 
 NaN scores are not checked (that would sync the host every call) and do not order as the
 reference's sort orders them; index scores are finite or -inf.
@@ -50,9 +47,6 @@ BIG = tl.constexpr(3.4028234663852886e38)  # float32 max: the reference clamps +
 # `DIGITS` in the overrides for a sweep). Up to 11 bits: the last program's histogram arithmetic
 # stays in registers (ptxas, sm_90: 12 bits spill).
 DIGITS = (8, 8, 8, 8)
-# int64 fields of a row's state: V's prefix, k left to find, entries in play, and 0 or the
-# number of the digit pass (from 1) that finished the row early
-STATE_FIELDS = 4
 
 
 def digit_passes(digits: tuple) -> tuple:
@@ -85,153 +79,104 @@ def _chunk_keys(scores_ptr, N, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _full_keys(key, n):
-    """uint64 (key, then reversed index): unique per entry, larger = earlier in the stable order;
-    0 (padding) sorts below every real entry (the smallest key, -BIG's, is 0x00800000)."""
-    return ((key << 32) | (0xFFFFFFFF - n.to(tl.int64))).to(tl.uint64)
-
-
-@triton.jit
-def _emit_best(sel_row, count, k, scores_ptr, row, N, vals_ptr, idx_ptr, SIZE: tl.constexpr):
-    """Sort the first `count` full keys of sel_row (at most SIZE) and write the k best as indices
-    and values (from the scores themselves: the keys hold the clamped ones, as the reference)."""
-    j = tl.arange(0, SIZE)
-    cand = tl.load(sel_row + j, mask=j < count, other=0, cache_modifier=".cg")
-    top = tl.sort(cand, descending=True)
-    index = (0xFFFFFFFF - (top & 0xFFFFFFFF)).to(tl.int64)
-    keep = j < k
-    tl.store(idx_ptr + row * k + j, index, mask=keep)
-    tl.store(vals_ptr + row * k + j, tl.load(scores_ptr + row * N + index, mask=keep, other=0.0),
-             mask=keep)
-
-
-@triton.jit
-def _collect_and_finish(scores_ptr, N, k, row, p, n_prog, n, ok, key, prefix, above_bits, counter, sel,
-                        vals_ptr, idx_ptr, state, PASS: tl.constexpr, SLOTS: tl.constexpr,
-                        ALLOC: tl.constexpr, SP: tl.constexpr, STATE: tl.constexpr):
-    """Early finish: append every entry whose bits above `above_bits` are >= the prefix (the top k
-    are among them, at most SP), then the row's last program sorts them and marks it finished."""
-    up = ok & ((key >> above_bits) >= prefix)
-    up32 = up.to(tl.int32)
-    base = tl.atomic_add(counter + row * SLOTS + ALLOC, tl.sum(up32, axis=0))  # a run of slots
-    tl.store(sel + row * SP + base + tl.cumsum(up32, axis=0) - 1, _full_keys(key, n), mask=up)
-    tl.debug_barrier()  # every thread's keys are written before the counter moves
-    done = tl.atomic_add(counter + row * SLOTS + PASS, 1)  # acq_rel at GPU scope
-    if done == n_prog - 1:
-        count = tl.load(counter + row * SLOTS + ALLOC, cache_modifier=".cg")
-        tl.store(counter + row * SLOTS + ALLOC, 0)  # cleared for the next launch
-        tl.store(counter + row * SLOTS + PASS, 0)
-        tl.store(state + row * STATE + 3, PASS + 1)  # which pass finished; the ones left exit at once
-        _emit_best(sel + row * SP, count, k, scores_ptr, row, N, vals_ptr, idx_ptr, SP)
-
-
-@triton.jit
-def radix_digit_pass_kernel(scores_ptr, N, k, hist, state, counter, prog_hist, sel, vals_ptr, idx_ptr,
-                            early_cap, SHIFT: tl.constexpr, BITS: tl.constexpr, PASS: tl.constexpr,
+def radix_digit_pass_kernel(scores_ptr, N, k, hist, state, counter, prog_hist,
+                            SHIFT: tl.constexpr, BITS: tl.constexpr, PASS: tl.constexpr,
                             FIRST: tl.constexpr, LAST: tl.constexpr, CHUNK: tl.constexpr,
-                            HIST_BINS: tl.constexpr, SLOTS: tl.constexpr, ALLOC: tl.constexpr,
-                            SP: tl.constexpr, STATE: tl.constexpr, PDL: tl.constexpr = False):
+                            HIST_BINS: tl.constexpr, SLOTS: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (rows, chunks). state[row] = (prefix of V's key above SHIFT + BITS, entries of the
-    k best still to find among those in play, entries in play, finished). hist rows hold
-    HIST_BINS (the widest digit's bins); counter rows SLOTS (one per pass, then the select
-    pass's two, whose first the early finish shares). early_cap: the most entries in play that
-    the early finish takes (0: never)."""
+    k best still to find among those in play). hist rows hold HIST_BINS (the widest digit's
+    bins); counter rows SLOTS (one per pass, then the select pass's two)."""
     wait_for_earlier_grids(PDL)
     row, p, n_prog, n, ok, key = _chunk_keys(scores_ptr, N, CHUNK)
     if FIRST:
         prefix = tl.zeros([], dtype=tl.int64)
         k_rem = prefix + k  # (k may arrive as a constant: Triton specialises 1)
-        in_play = prefix + N
-        finished = prefix
     else:
-        prefix = tl.load(state + row * STATE)
-        k_rem = tl.load(state + row * STATE + 1)
-        in_play = tl.load(state + row * STATE + 2)
-        finished = tl.load(state + row * STATE + 3)
-    if finished == 0 and in_play <= early_cap:
-        _collect_and_finish(scores_ptr, N, k, row, p, n_prog, n, ok, key, prefix, SHIFT + BITS, counter, sel,
-                            vals_ptr, idx_ptr, state, PASS, SLOTS, ALLOC, SP, STATE)
-    elif finished == 0:  # (a finished row: an earlier pass did the work)
-        BINS: tl.constexpr = 1 << BITS
-        play = ok & ((key >> (SHIFT + BITS)) == prefix)
-        digit = ((key >> SHIFT) & (BINS - 1)).to(tl.int32)
-        h = tl.histogram(digit, BINS, mask=play)
-        b = tl.arange(0, BINS)
-        if LAST:  # per-program counts of the last digit, for the select pass's tie order
-            tl.store(prog_hist + (row * n_prog + p) * BINS + b, h)
-        tl.atomic_add(hist + row * HIST_BINS + b, h, mask=h > 0)
-        tl.debug_barrier()  # every thread's adds are issued before the counter moves
-        done = tl.atomic_add(counter + row * SLOTS + PASS, 1)  # acq_rel at GPU scope
-        if done == n_prog - 1:  # the last program of the row picks the digit
-            tot = tl.load(hist + row * HIST_BINS + b, cache_modifier=".cg")
-            tl.store(hist + row * HIST_BINS + b, tl.zeros_like(tot))  # cleared for the next pass
-            tl.store(counter + row * SLOTS + PASS, 0)
-            at_or_above = tl.sum(tot, axis=0) - tl.cumsum(tot, axis=0) + tot  # entries with digit >= b
-            above = at_or_above - tot
-            pick = (above < k_rem) & (at_or_above >= k_rem)
-            d = tl.max(tl.where(pick, b, -1), axis=0)
-            above_d = tl.sum(tl.where(b == d, above, 0), axis=0)
-            tl.store(state + row * STATE, (prefix << BITS) | d.to(tl.int64))
-            tl.store(state + row * STATE + 1, k_rem - above_d.to(tl.int64))
-            tl.store(state + row * STATE + 2, tl.sum(tl.where(b == d, tot, 0), axis=0).to(tl.int64))
-            tl.store(state + row * STATE + 3, finished)  # 0: clears the last call's flag
+        prefix = tl.load(state + row * 2)
+        k_rem = tl.load(state + row * 2 + 1)
+    BINS: tl.constexpr = 1 << BITS
+    play = ok & ((key >> (SHIFT + BITS)) == prefix)
+    digit = ((key >> SHIFT) & (BINS - 1)).to(tl.int32)
+    h = tl.histogram(digit, BINS, mask=play)
+    b = tl.arange(0, BINS)
+    if LAST:  # per-program counts of the last digit, for the select pass's tie order
+        tl.store(prog_hist + (row * n_prog + p) * BINS + b, h)
+    tl.atomic_add(hist + row * HIST_BINS + b, h, mask=h > 0)
+    tl.debug_barrier()  # every thread's adds are issued before the counter moves
+    done = tl.atomic_add(counter + row * SLOTS + PASS, 1)  # acq_rel at GPU scope
+    if done == n_prog - 1:  # the last program of the row picks the digit
+        tot = tl.load(hist + row * HIST_BINS + b, cache_modifier=".cg")
+        tl.store(hist + row * HIST_BINS + b, tl.zeros_like(tot))  # cleared for the next pass
+        tl.store(counter + row * SLOTS + PASS, 0)
+        at_or_above = tl.sum(tot, axis=0) - tl.cumsum(tot, axis=0) + tot  # entries with digit >= b
+        above = at_or_above - tot
+        pick = (above < k_rem) & (at_or_above >= k_rem)
+        d = tl.max(tl.where(pick, b, -1), axis=0)
+        above_d = tl.sum(tl.where(b == d, above, 0), axis=0)
+        tl.store(state + row * 2, (prefix << BITS) | d.to(tl.int64))
+        tl.store(state + row * 2 + 1, k_rem - above_d.to(tl.int64))
 
 
 @triton.jit
 def radix_select_kernel(scores_ptr, N, k, state, counter, prog_hist, sel, vals_ptr, idx_ptr,
                         CHUNK: tl.constexpr, KP: tl.constexpr, PP: tl.constexpr, LAST_BITS: tl.constexpr,
-                        SLOTS: tl.constexpr, ALLOC: tl.constexpr, SP: tl.constexpr, STATE: tl.constexpr,
-                        PDL: tl.constexpr = False):
+                        SLOTS: tl.constexpr, ALLOC: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (rows, chunks): entries above V, then the first equal ones in index order, into sel;
-    the last program sorts the k keys (score key, then the reversed index) and emits them.
-    Nothing for a row an early finish has done."""
+    the last program sorts the k keys (score key, then the reversed index) and emits them."""
     wait_for_earlier_grids(PDL)
     row, p, n_prog, n, ok, key = _chunk_keys(scores_ptr, N, CHUNK)
-    if tl.load(state + row * STATE + 3) == 0:
-        v = tl.load(state + row * STATE)
-        need_eq = tl.load(state + row * STATE + 1)
-        n_gt = k - need_eq
-        gt = ok & (key > v)
-        eq = ok & (key == v)
-        pp = tl.arange(0, PP)
-        LAST_BINS: tl.constexpr = 1 << LAST_BITS
-        before = tl.load(prog_hist + (row * n_prog + pp) * LAST_BINS + (v & (LAST_BINS - 1)), mask=pp < p,
-                         other=0)
-        eq_rank = tl.sum(before, axis=0) + tl.cumsum(eq.to(tl.int32), axis=0) - 1
-        take_eq = eq & (eq_rank < need_eq)
-        base = tl.atomic_add(counter + row * SLOTS + ALLOC, tl.sum(gt.to(tl.int32), axis=0))  # a run of slots
-        gt_rank = base + tl.cumsum(gt.to(tl.int32), axis=0) - 1
-        full = _full_keys(key, n)
-        tl.store(sel + row * SP + gt_rank, full, mask=gt)
-        tl.store(sel + row * SP + n_gt + eq_rank, full, mask=take_eq)
-        tl.debug_barrier()  # every thread's keys are written before the counter moves
-        done = tl.atomic_add(counter + row * SLOTS + ALLOC + 1, 1)  # acq_rel at GPU scope
-        if done == n_prog - 1:
-            tl.store(counter + row * SLOTS + ALLOC, 0)  # cleared for the next launch
-            tl.store(counter + row * SLOTS + ALLOC + 1, 0)
-            _emit_best(sel + row * SP, k, k, scores_ptr, row, N, vals_ptr, idx_ptr, KP)
+    v = tl.load(state + row * 2)
+    need_eq = tl.load(state + row * 2 + 1)
+    n_gt = k - need_eq
+    gt = ok & (key > v)
+    eq = ok & (key == v)
+    pp = tl.arange(0, PP)
+    LAST_BINS: tl.constexpr = 1 << LAST_BITS
+    before = tl.load(prog_hist + (row * n_prog + pp) * LAST_BINS + (v & (LAST_BINS - 1)), mask=pp < p,
+                     other=0)
+    eq_rank = tl.sum(before, axis=0) + tl.cumsum(eq.to(tl.int32), axis=0) - 1
+    take_eq = eq & (eq_rank < need_eq)
+    base = tl.atomic_add(counter + row * SLOTS + ALLOC, tl.sum(gt.to(tl.int32), axis=0))  # a run of slots
+    gt_rank = base + tl.cumsum(gt.to(tl.int32), axis=0) - 1
+    full = ((key << 32) | (0xFFFFFFFF - n.to(tl.int64))).to(tl.uint64)  # unique: best, then lowest index
+    tl.store(sel + row * KP + gt_rank, full, mask=gt)
+    tl.store(sel + row * KP + n_gt + eq_rank, full, mask=take_eq)
+    tl.debug_barrier()  # every thread's keys are written before the counter moves
+    done = tl.atomic_add(counter + row * SLOTS + ALLOC + 1, 1)  # acq_rel at GPU scope
+    if done == n_prog - 1:
+        kk = tl.arange(0, KP)
+        cand = tl.load(sel + row * KP + kk, mask=kk < k, other=0, cache_modifier=".cg")
+        top = tl.sort(cand, descending=True)  # padding (0) sorts below every real key
+        tl.store(counter + row * SLOTS + ALLOC, 0)  # cleared for the next launch
+        tl.store(counter + row * SLOTS + ALLOC + 1, 0)
+        index = (0xFFFFFFFF - (top & 0xFFFFFFFF)).to(tl.int64)
+        keep = kk < k
+        tl.store(idx_ptr + row * k + kk, index, mask=keep)
+        # values from the scores themselves (the keys hold the clamped ones), as the reference
+        tl.store(vals_ptr + row * k + kk, tl.load(scores_ptr + row * N + index, mask=keep, other=0.0),
+                 mask=keep)
 
 
 class StableTopkLauncher(LauncherBase):
     """Holds the histograms, counters and selection buffers (self-clearing, so the launches
     capture into a CUDA graph); one instance per device/stream, calls on it must not overlap.
-    Overrides (sweeps, tests): DIGITS, CHUNK, num_warps, MAX_K, EARLY_SORT (0: no early finish),
-    PDL (False: plain launches)."""
+    Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K, PDL (False: plain launches)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
 
-    def _workspace(self, device, rows: int, n_prog: int, sel_row: int, passes: tuple) -> dict:
-        key = (device, passes, sel_row)
+    def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
+        key = (device, passes)
         ws = self._ws.get(key)
-        if ws is None or ws["state"].shape[0] < rows or ws["prog_hist"].shape[1] < n_prog:
-            rows, n_prog = max(rows, 1), max(n_prog, 1)
+        if ws is None or ws["state"].shape[0] < rows or ws["prog_hist"].shape[1] < n_prog \
+                or ws["sel"].shape[1] < kp:
+            rows, n_prog, kp = (max(rows, 1), max(n_prog, 1), max(kp, 1))
             bins = 1 << max(bits for _, bits in passes)
             ws = {"hist": torch.zeros(rows, bins, dtype=torch.int32, device=device),
                   "counter": torch.zeros(rows, len(passes) + 2, dtype=torch.int32, device=device),
-                  "state": torch.empty(rows, STATE_FIELDS, dtype=torch.int64, device=device),
+                  "state": torch.empty(rows, 2, dtype=torch.int64, device=device),
                   "prog_hist": torch.empty(rows, n_prog, 1 << passes[-1][1], dtype=torch.int32,
                                            device=device),
-                  "sel": torch.empty(rows, sel_row, dtype=torch.uint64, device=device)}
+                  "sel": torch.empty(rows, kp, dtype=torch.uint64, device=device)}
             self._ws[key] = ws
         return ws
 
@@ -259,31 +204,20 @@ class StableTopkLauncher(LauncherBase):
         flat = scores.contiguous().view(rows, n)
         vals = torch.empty(rows, k_out, dtype=torch.float32, device=scores.device)
         idx = torch.empty(rows, k_out, dtype=torch.int64, device=scores.device)
-        early = self._overrides.get("EARLY_SORT", early_sort_size(kp))
-        require(early == 0 or (early == next_pow2(early) and early > k_out),
-                f"{op}: EARLY_SORT {early} must be 0 or a power of two above k={k_out}")
-        sel_row = max(kp, early)  # the early finish sorts a whole row of the buffer
-        ws = self._workspace(scores.device, rows, n_prog, sel_row, passes)
+        ws = self._workspace(scores.device, rows, n_prog, kp, passes)
         warps = self._overrides.get("num_warps", 4)
         bins, slots = ws["hist"].shape[1], ws["counter"].shape[1]
-        common = dict(SLOTS=slots, ALLOC=len(passes), SP=sel_row, STATE=STATE_FIELDS, CHUNK=chunk,
-                      num_warps=warps, **pdl_launch_args(scores.device, self._overrides))
+        pdl = pdl_launch_args(scores.device, self._overrides)
         for i, (shift, bits) in enumerate(passes):
             radix_digit_pass_kernel[(rows, n_prog)](
-                flat, n, k_out, ws["hist"], ws["state"], ws["counter"], ws["prog_hist"], ws["sel"], vals,
-                idx, early - k_out if early else 0, SHIFT=shift, BITS=bits, PASS=i, FIRST=i == 0,
-                LAST=i == len(passes) - 1, HIST_BINS=bins, **common)
+                flat, n, k_out, ws["hist"], ws["state"], ws["counter"], ws["prog_hist"], SHIFT=shift,
+                BITS=bits, PASS=i, FIRST=i == 0, LAST=i == len(passes) - 1, CHUNK=chunk, HIST_BINS=bins,
+                SLOTS=slots, num_warps=warps, **pdl)
         radix_select_kernel[(rows, n_prog)](
-            flat, n, k_out, ws["state"], ws["counter"], ws["prog_hist"], ws["sel"], vals, idx, KP=kp,
-            PP=next_pow2(n_prog), LAST_BITS=passes[-1][1], **common)
+            flat, n, k_out, ws["state"], ws["counter"], ws["prog_hist"], ws["sel"], vals, idx, CHUNK=chunk,
+            KP=kp, PP=next_pow2(n_prog), LAST_BITS=passes[-1][1], SLOTS=slots, ALLOC=len(passes),
+            num_warps=warps, **pdl)
         return vals.view(*lead, k_out), idx.view(*lead, k_out)
-
-
-def early_sort_size(kp: int) -> int:
-    """Entries the early finish sorts in one program: twice the padded k, at least 1,024, at most
-    4,096 (0: no early finish, for k above 2,048; sorting more in one program costs registers and
-    time that the passes it saves do not return)."""
-    return max(2 * kp, 1024) if 2 * kp <= 4096 else 0
 
 
 def stable_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
