@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Everything the GPU machine checks, in one call (PIPELINE.md §8): the kernel tests for real
+# Everything the GPU machine checks, in one script (PIPELINE.md §8): the kernel tests for real
 # (tests/test_kernels.py on CUDA, the gpu-marked tests), the AOT compile of every plugin kernel
 # for the flash sizes, and the microbenchmarks (table last; JSON, plot and logs under $OUT).
-#   bash scripts/gpu_check.sh [--bench-only] [--quick] [--sweep]
-# (--bench-only skips the tests and the AOT compile: a benchmark rerun after a green check)
+#   bash scripts/gpu_check.sh [--bench-only | --tests-only] [--quick] [--sweep]
+# (--bench-only skips the tests and the AOT compile: a benchmark rerun after a green check;
+# --tests-only stops after them. On a fresh H200 with a cold Triton cache the tests took 7 min
+# and the benchmark about 4 (2026-12-03): more than one 10-minute device call, so run the two
+# halves as two calls there.)
 # The ort-cuda tests also run when onnxruntime-gpu is on PYTHONPATH and DSFLASH_TINY_BUNDLE names a
 # portable tiny bundle made on the CPU machine (the GPU machine has no onnxruntime-gpu and no
 # network: carry the wheel in parts with ../shared/tools/carry-wheel.sh, see docs/benchmarks.md).
@@ -16,6 +19,11 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/.gpu_site:${PYTHONPATH:-}"
 bash scripts/gpu_site.sh .gpu_site
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 tests=0
+bench=1
+if [ "${1:-}" = "--tests-only" ]; then
+  shift
+  bench=0
+fi
 if [ "${1:-}" = "--bench-only" ]; then
   shift
 else
@@ -25,7 +33,9 @@ else
   python3 scripts/aot_kernels.py --config flash --dtype bf16 --out "$OUT/kernels_flash" 2>&1 | tail -7 \
     | tee "$OUT/aot.log"
 fi
-python3 scripts/bench_floor.py --out "$OUT" 2>&1 | tail -2 | tee "$OUT/floor.log"
-python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\]" | tail -36
+if [ "$bench" = 1 ]; then
+  python3 scripts/bench_floor.py --out "$OUT" 2>&1 | tail -2 | tee "$OUT/floor.log"
+  python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\]" | tail -36
+fi
 echo "gpu tests exit status: $tests"
 exit "$tests"
