@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Compile every kernel that launches with programmatic dependent launch (plugins/pdl.py) for
+sm_90, with PDL on and off, and check its PTX: with PDL on, griddepcontrol.wait and
+launch_dependents are there and no global load, store, atomic or async copy comes before the
+wait (one would read data the kernel before may still be writing); with PDL off, neither
+instruction is there (the TensorRT build). Needs Triton, not a GPU. Exit status 1 on a finding.
+
+    python scripts/check_pdl_ptx.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def check() -> list[str]:
+    from dsflash.plugins.aot import compile_ptx
+    from dsflash.plugins.pdl import memory_before_wait, pdl_kernel_specs
+
+    problems = []
+    for name, (kernel, signature, constants) in pdl_kernel_specs().items():
+        on = compile_ptx(kernel, signature, constants | {"PDL": True}, num_warps=4).ptx
+        off = compile_ptx(kernel, signature, constants | {"PDL": False}, num_warps=4).ptx
+        early = memory_before_wait(on)
+        if "griddepcontrol.wait" not in on or "griddepcontrol.launch_dependents" not in on:
+            problems.append(f"{name}: PDL on, but no griddepcontrol.wait / launch_dependents in its PTX")
+        if early:
+            problems.append(f"{name}: {len(early)} memory instructions before griddepcontrol.wait, "
+                            f"first {early[0]}")
+        if "griddepcontrol" in off:
+            problems.append(f"{name}: PDL off, but griddepcontrol in its PTX")
+        found = memory_before_wait(off)  # no wait: every global memory instruction of the kernel
+        if not found:
+            problems.append(f"{name}: no global memory instruction recognised in its PTX (the pattern "
+                            "is out of date)")
+        logging.info("%-18s PDL on: %d of its %d global memory instructions before the wait; PDL off: %s",
+                     name, len(early), len(found), "clean" if "griddepcontrol" not in off else "HAS griddepcontrol")
+    return problems
+
+
+def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("unset TRITON_INTERPRET: the interpreter's kernels cannot be compiled")
+    problems = check()
+    for p in problems:
+        logging.error("%s", p)
+    sys.exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    main()
