@@ -276,6 +276,13 @@ def _sweep_mhc(res: dict, gen) -> None:
             _sweep_one(res, f"mhc tokens={tokens} {over}",
                        lambda: mhc_kernel.MhcBoundaryLauncher(overrides=over), lambda f: f(*args),
                        want, 2e-2, graph=few)
+        if not few:  # what fn's bytes cost: every program streams all of fn from L2 (2 MB in fp32)
+            half = list(args)
+            half[5] = args[5].to(torch.float16)
+            f = mhc_kernel.MhcBoundaryLauncher()
+            label = "mhc tokens=8192 fn in fp16 (diagnostic: half the fn bytes, not the op's precision)"
+            res[label] = 1e3 * time_ms(lambda: f(*half))
+            logging.info("sweep %s: %.1f us", label, res[label])
         if tokens == 1:  # what the Sinkhorn epilogue costs: the same launch with one iteration
             one = args[:-3] + [1, 1e-6, 1e-6]
             f = mhc_kernel.MhcBoundaryLauncher()
