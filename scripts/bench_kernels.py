@@ -264,13 +264,13 @@ def _sweep_mhc(res: dict, gen) -> None:
         want = mhc_kernel.MhcBoundaryLauncher()(*args)
         few = tokens <= 64
         # num_stages: how deep Triton's software pipeline runs the channel loop's loads
-        # maxnreg: a register cap (ptxas) for a third program per SM at 8,192 tokens (ncu: two,
-        # limited by registers), paid for in spills
+        # maxnreg: a register cap (ptxas); whole-row programs need 167 registers uncapped since
+        # session 6 (three per SM), bigger tiles more
         grid = ([(1, 32, 4, 3, None), (1, 64, 4, 3, None), (1, 32, 4, 1, None)] if few else
                 [(32, 32, 4, 3, 0), (32, 32, 4, 2, 0), (32, 32, 4, 3, 168), (32, 32, 4, 2, 168),
                  (32, 32, 4, 4, 168), (32, 64, 4, 3, 0), (64, 32, 8, 3, 0), (64, 32, 8, 3, 128)])
         for bt, be, nw, stages, cap in grid:
-            # (cap 0: no register cap, also where the launcher would set one)
+            # (cap 0: no register cap)
             over = dict(BLOCK_E=be, BLOCK_T=bt, num_warps=nw, num_stages=stages) | ({"maxnreg": cap} if cap else
                                                                                   {} if few else {"maxnreg": None})
             _sweep_one(res, f"mhc tokens={tokens} {over}",
