@@ -21,14 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsflash.plugins.launch import (
-    LauncherBase,
-    check_device,
-    check_dtype,
-    check_shape,
-    next_pow2,
-    require,
-)
+from dsflash.plugins.launch import LauncherBase, check_device, check_dtype, check_shape, next_pow2, require
 
 
 @triton.jit
@@ -113,7 +106,8 @@ def _mix_chunk(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, new_ptr,
     is loaded once per chunk and held (a tuple of C tiles): re-reading it for every output stream
     (C * C tile loads) kept the H200's L1/TEX pipe 82% busy at 20% hit rate (ncu, 8,192 tokens),
     with the pipelined loads' shared memory leaving little L1 to hit in."""
-    # coefficients per chunk (L1 hits): held across the channel loop they spill (ptxas, sm_90)
+    # coefficients per chunk (L1 hits): held across the channel loop they spilled (ptxas, sm_90;
+    # session 5, before the chunk loop of session 6 freed registers: not re-measured)
     post, comb, pre = _coefficients(post_ptr, comb_ptr, pre_ptr, t64, tmask, C)
     e = e0 + tl.arange(0, BLOCK_E)
     emask = e < E
