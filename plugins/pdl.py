@@ -53,44 +53,48 @@ def memory_before_wait(ptx: str) -> list[str]:
     body = ptx.split(".entry", 1)[-1]
     wait = body.find("griddepcontrol.wait")
     head = body if wait < 0 else body[:wait]
-    memory = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:ld|st|atom|red)(?:\.\w+)*\.global\S*|cp\.async\S*)", re.M)
+    memory = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:ld|st|atom|red)(?:\.\w+)*\.global\S*|cp\.async\S*)",
+                        re.MULTILINE)
     return [m.group(1) for m in memory.finditer(head)]
 
 
 def pdl_kernel_specs() -> dict:
     """The kernels that launch with PDL, each as (kernel, signature, constants) at the release
-    sizes, for scripts/check_pdl_ptx.py."""
+    sizes (bf16; launch parameters from each launcher's launch_config), for
+    scripts/check_pdl_ptx.py."""
     from dsflash.plugins.csa2_index_score import fp4_mma
     from dsflash.plugins.csa2_index_score import kernel as index
+    from dsflash.plugins.csa2_index_score import trt as index_trt
     from dsflash.plugins.csa2_sparse_attention import kernel as attention
+    from dsflash.plugins.csa2_sparse_attention import trt as attention_trt
     from dsflash.plugins.stable_topk import kernel as topk
 
-    index_sig = {"q_ptr": "*bf16", "w_ptr": "*fp32", "vis_ptr": "*u8", "S": "i32", "N": "i32",
-                 "out_ptr": "*fp32"}
-    index_consts = {"I": 32, "J": 128, "BLOCK_N": 64, "BLOCK_I": 32, "BLOCK_J": 128, "IEEE": False}
+    def constants(cfg: dict) -> dict:
+        return {k: v for k, v in cfg.items() if k not in ("num_warps", "MIN_BLOCKS_PER_SPLIT")}
+
+    bf16 = torch.bfloat16
+    index_sig = index_trt.kernel_signature(bf16)
+    index_consts = {"I": 32, "J": 128} | constants(index.launch_config(32, 128, bf16))
+    fp4_sig = {k: v for k, v in index_sig.items() if k != "k_ptr"} | {"codes_ptr": "*u8", "exps_ptr": "*i8"}
     topk_sig = {"scores_ptr": "*fp32", "N": "i32", "k": "i32", "hist": "*i32", "state": "*i64",
                 "counter": "*i32", "prog_hist": "*i32", "sel": "*u64", "vals_ptr": "*fp32",
                 "idx_ptr": "*i64"}
-    attn_sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i64", "win_ptr": "*bf16",
-                "wmask_ptr": "*u8", "sink_ptr": "*fp32", "S": "i32", "N": "i32", "T": "i32", "K": "i32",
-                "blocks_per_split": "i32", "out_ptr": "*bf16", "ws_acc": "*fp32", "ws_ml": "*fp32"}
+    attn_cfg = constants(attention.launch_config(64, 512, bf16))
     return {
-        "index": (index.csa2_index_score_kernel, index_sig | {"k_ptr": "*bf16"}, index_consts),
-        "index_fp4": (index.csa2_index_score_fp4_kernel,
-                      index_sig | {"codes_ptr": "*u8", "exps_ptr": "*i8"}, index_consts),
-        "index_fp4_mma": (fp4_mma.csa2_index_score_fp4_mma_kernel,
-                          index_sig | {"codes_ptr": "*u8", "exps_ptr": "*i8"},
+        "index": (index.csa2_index_score_kernel, index_sig, index_consts),
+        "index_fp4": (index.csa2_index_score_fp4_kernel, fp4_sig, index_consts),
+        "index_fp4_mma": (fp4_mma.csa2_index_score_fp4_mma_kernel, fp4_sig,
                           {"I": 32, "J": 128, "JP": 128, "BLOCK_N": 64, "BLOCKS": 4, "ASM": True}),
         "topk_digit_pass": (topk.radix_digit_pass_kernel, topk_sig,
                             {"SHIFT": 8, "BITS": 8, "PASS": 2, "FIRST": False, "LAST": False, "CHUNK": 512,
                              "HIST_BINS": 256, "SLOTS": 6}),
         "topk_select": (topk.radix_select_kernel, topk_sig,
                         {"CHUNK": 512, "KP": 512, "PP": 256, "LAST_BITS": 8, "SLOTS": 6, "ALLOC": 4}),
-        "attention_split": (attention.csa2_sparse_attention_kernel, attn_sig,
-                            {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "BLOCK_H": 16, "BLOCK_K": 32,
-                             "BLOCK_D": 512, "SPLIT": True, "IEEE": False}),
+        "attention_split": (attention.csa2_sparse_attention_kernel, attention_trt.kernel_signature(bf16),
+                            {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True} | attn_cfg),
         "attention_combine": (attention.csa2_attention_combine_kernel,
                               {"ws_acc": "*fp32", "ws_ml": "*fp32", "sink_ptr": "*fp32", "n_split": "i32",
                                "out_ptr": "*bf16"},
-                              {"H": 64, "D": 512, "BLOCK_H": 16, "BLOCK_D": 512, "NSP": 32}),
+                              {"H": 64, "D": 512, "NSP": 32, "BLOCK_H": attn_cfg["BLOCK_H"],
+                               "BLOCK_D": attn_cfg["BLOCK_D"]}),
     }

@@ -12,11 +12,16 @@ from dsflash.plugins.csa2_index_score.decl import DECL
 from dsflash.plugins.declaration import DOMAIN
 
 
+def kernel_signature(dtype: torch.dtype) -> dict:
+    """Triton types of csa2_index_score_kernel's arguments (also plugins/pdl.py's check)."""
+    return {"q_ptr": pointer(dtype), "w_ptr": "*fp32", "k_ptr": pointer(dtype), "vis_ptr": "*u8",
+            "S": "i32", "N": "i32", "out_ptr": "*fp32"}
+
+
 def aot_kernel(dtype: torch.dtype, heads: int, dim: int) -> tuple[AotKernel, dict]:
     """(compiled kernel, launch: BLOCK_N for the grid (B*S, cdiv(N, BLOCK_N)))."""
     cfg = kernel.launch_config(heads, dim, dtype)
-    sig = {"q_ptr": pointer(dtype), "w_ptr": "*fp32", "k_ptr": pointer(dtype), "vis_ptr": "*u8",
-           "S": "i32", "N": "i32", "out_ptr": "*fp32"}
+    sig = kernel_signature(dtype)
     consts = dict(I=heads, J=dim, **{k: v for k, v in cfg.items() if k != "num_warps"})
     return compile_ptx(kernel.csa2_index_score_kernel, sig, consts, cfg["num_warps"]), cfg
 

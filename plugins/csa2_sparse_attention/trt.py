@@ -14,15 +14,20 @@ from dsflash.plugins.csa2_sparse_attention.decl import DECL
 from dsflash.plugins.declaration import DOMAIN
 
 
+def kernel_signature(dtype: torch.dtype, idx_dtype: torch.dtype = torch.int64) -> dict:
+    """Triton types of csa2_sparse_attention_kernel's arguments (also plugins/pdl.py's check)."""
+    return {"q_ptr": pointer(dtype), "kv_ptr": pointer(dtype), "idx_ptr": pointer(idx_dtype),
+            "win_ptr": pointer(dtype), "wmask_ptr": "*u8", "sink_ptr": "*fp32", "S": "i32", "N": "i32",
+            "T": "i32", "K": "i32", "blocks_per_split": "i32", "out_ptr": pointer(dtype), "ws_acc": "*fp32",
+            "ws_ml": "*fp32"}
+
+
 def aot_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float,
                idx_dtype: torch.dtype = torch.int64) -> tuple[AotKernel, dict]:
     """(compiled kernel, launch: BLOCK_H for the grid (B*S, cdiv(H, BLOCK_H)))."""
     cfg = kernel.launch_config(heads, dim, dtype)
     cfg.pop("MIN_BLOCKS_PER_SPLIT")  # no workspace in an AOT plugin: no key split
-    sig = {"q_ptr": pointer(dtype), "kv_ptr": pointer(dtype), "idx_ptr": pointer(idx_dtype),
-           "win_ptr": pointer(dtype), "wmask_ptr": "*u8", "sink_ptr": "*fp32", "S": "i32", "N": "i32",
-           "T": "i32", "K": "i32", "blocks_per_split": "i32", "out_ptr": pointer(dtype), "ws_acc": "*fp32",
-           "ws_ml": "*fp32"}
+    sig = kernel_signature(dtype, idx_dtype)
     consts = dict(H=heads, D=dim, SCALE=float(scale), SPLIT=False,
                   **{k: v for k, v in cfg.items() if k != "num_warps"})
     return compile_ptx(kernel.csa2_sparse_attention_kernel, sig, consts, cfg["num_warps"]), cfg
