@@ -264,23 +264,24 @@ def _sweep_mhc(res: dict, gen) -> None:
         want = mhc_kernel.MhcBoundaryLauncher()(*args)
         few = tokens <= 64
         # num_stages: how deep Triton's software pipeline runs the channel loop's loads
-        # maxnreg: a register cap (ptxas); whole-row programs need 167 registers uncapped since
-        # session 6 (three per SM), bigger tiles more
-        grid = ([(1, 32, 4, 3, None), (1, 64, 4, 3, None), (1, 32, 4, 1, None)] if few else
-                [(32, 32, 4, 3, 0), (32, 32, 4, 2, 0), (32, 32, 4, 3, 168), (32, 32, 4, 2, 168),
-                 (32, 32, 4, 4, 168), (32, 64, 4, 3, 0), (64, 32, 8, 3, 0), (64, 32, 8, 3, 128)])
-        for bt, be, nw, stages, cap in grid:
-            # (cap 0: no register cap)
-            over = dict(BLOCK_E=be, BLOCK_T=bt, num_warps=nw, num_stages=stages) | ({"maxnreg": cap} if cap else
-                                                                                  {} if few else {"maxnreg": None})
-            _sweep_one(res, f"mhc tokens={tokens} {over}",
-                       lambda: mhc_kernel.MhcBoundaryLauncher(overrides=over), lambda f: f(*args),
-                       want, 2e-2, graph=few)
+        # (block tokens, block channels, warps, stages, channel splits; None: the launcher's
+        # defaults): at 8,192 tokens whole rows make only 128-256 programs of 160-320 chunks
+        # each; splitting the channels too (partials merged by the last program of a token
+        # block) gives more, shorter programs. Whole rows are what the TensorRT plugin runs.
+        grid = ([None, (1, 64, 4, 3, None)] if few else
+                [None, (64, 16, 4, 3, 4), (64, 16, 4, 3, 1), (32, 32, 4, 3, 1), (64, 32, 4, 3, 1),
+                 (32, 16, 4, 3, 4), (64, 16, 4, 2, 4), (64, 16, 4, 4, 4), (128, 16, 8, 3, 4), None])
+        for i, setting in enumerate(grid):
+            bt, be, nw, stages, n_split = setting or (0, 0, 0, 0, None)
+            over = dict(BLOCK_E=be, BLOCK_T=bt, num_warps=nw, num_stages=stages) if setting else {}
+            _sweep_one(res, f"mhc tokens={tokens} #{i} {over or 'default'} n_split={n_split}",
+                       lambda: mhc_kernel.MhcBoundaryLauncher(overrides=over),
+                       lambda f: f(*args, n_split=n_split), want, 2e-2, graph=few)
         if not few:  # what fn's bytes cost: every program streams all of fn from L2 (2 MB in fp32)
             half = list(args)
             half[5] = args[5].to(torch.float16)
             f = mhc_kernel.MhcBoundaryLauncher()
-            label = "mhc tokens=8192 fn in fp16 (diagnostic: half the fn bytes, not the op's precision)"
+            label = "mhc tokens=8192 default, fn in fp16 (diagnostic: half the fn bytes)"
             res[label] = 1e3 * time_ms(lambda: f(*half))
             logging.info("sweep %s: %.1f us", label, res[label])
         if tokens == 1:  # what the Sinkhorn epilogue costs: the same launch with one iteration

@@ -22,10 +22,10 @@ from dsflash.plugins.mhc_boundary import kernel as mhc_kernel
 from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
 
 
-def mhc(tokens: int, gen):
+def mhc(tokens: int, gen, n_split: int | None = None):
     args = [a.cuda() for a in bench.mhc_inputs(tokens, gen)] + [20, 1e-6, 1e-6]
     launcher = mhc_kernel.MhcBoundaryLauncher()
-    return lambda: launcher(*args)
+    return lambda: launcher(*args, n_split=n_split)
 
 
 def topk(n: int, gen):
@@ -54,6 +54,7 @@ def attention(n: int, gen):
 
 
 CASES = {"mhc8192": lambda g: mhc(8192, g), "mhc1": lambda g: mhc(1, g),
+         "mhc8192_split4": lambda g: mhc(8192, g, n_split=4),
          "topk131072": lambda g: topk(131072, g), "index_fp4_131072": lambda g: index_fp4(131072, g),
          "attn_decode": lambda g: attention(65536, g)}
 

@@ -211,7 +211,10 @@ def mhc_args(gen, b, s, c, e, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("b,s,c,e,n_split", [(2, 3, 4, 100, 1), (2, 3, 4, 100, 2), (1, 37, 2, 64, 1),
-                                             (1, 1, 4, 200, 4), (1, 3, 4, 100, 3), (2, 20, 2, 96, 3)])
+                                             (1, 1, 4, 200, 4), (1, 3, 4, 100, 3), (2, 20, 2, 96, 3),
+                                             # prefill row blocks, whole rows or split channels,
+                                             # channels a multiple of the chunk or not
+                                             (1, 70, 4, 128, 2), (1, 70, 2, 72, 3), (1, 70, 2, 72, 1)])
 def test_mhc_boundary_kernel(gen, dtype, b, s, c, e, n_split):
     args = mhc_args(gen, b, s, c, e, dtype)
     launcher = mhc_kernel.MhcBoundaryLauncher()

@@ -69,14 +69,17 @@ def _next_coefficients(acc, sumsq_r, t, tmask, base, s_pre, s_post, s_comb, pre_
 
 @triton.jit
 def _normalise_rows(sumsq_x, t, tmask, x_ptr, nw_ptr, E: tl.constexpr, RMS_EPS: tl.constexpr,
-                    BLOCK_E: tl.constexpr):
-    """x <- RMSNorm(x) * w over whole rows this program wrote itself (tiles of BLOCK_T rows)."""
+                    NORM_E: tl.constexpr):
+    """x <- RMSNorm(x) * w over whole rows, in [BLOCK_T, NORM_E] tiles. Read through L2 (.cg): on
+    the split path other programs wrote these rows. Tiles, not whole rows: a [E] row vector per
+    thread group (w and x of 8K channels) held 252 registers across the whole kernel (ptxas,
+    sm_90a), two programs per SM where the channel loop alone needs 167."""
     rstd_x = tl.rsqrt(sumsq_x / E + RMS_EPS)
-    for e0 in range(0, E, BLOCK_E):
-        e = e0 + tl.arange(0, BLOCK_E)
+    for e0 in range(0, E, NORM_E):
+        e = e0 + tl.arange(0, NORM_E)
         m2 = tmask[:, None] & (e < E)[None, :]
         ptrs = x_ptr + t[:, None] * E + e[None, :]
-        x = tl.load(ptrs, mask=m2, other=0.0).to(tl.float32)
+        x = tl.load(ptrs, mask=m2, other=0.0, cache_modifier=".cg").to(tl.float32)
         w = tl.load(nw_ptr + e, mask=e < E, other=0.0).to(tl.float32)
         tl.store(ptrs, (x * rstd_x[:, None] * w[None, :]).to(x_ptr.dtype.element_ty), mask=m2)
 
@@ -97,7 +100,7 @@ def _coefficients(post_ptr, comb_ptr, pre_ptr, t64, tmask, C: tl.constexpr):
 
 
 @triton.jit
-def _mix_chunk(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, new_ptr, x_ptr, t64, tmask,
+def _mix_chunk(streams_ptr, y_ptr, post, comb, pre, fn_ptr, new_ptr, x_ptr, t64, tmask,
                e0, acc, sumsq_r, sumsq_x, C: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
                MP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, IEEE: tl.constexpr):
     """One chunk of BLOCK_E channels of BLOCK_T tokens: new R, the collapse x and the projection
@@ -106,9 +109,6 @@ def _mix_chunk(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, new_ptr,
     is loaded once per chunk and held (a tuple of C tiles): re-reading it for every output stream
     (C * C tile loads) kept the H200's L1/TEX pipe 82% busy at 20% hit rate (ncu, 8,192 tokens),
     with the pipelined loads' shared memory leaving little L1 to hit in."""
-    # coefficients per chunk (L1 hits): held across the channel loop they spilled (ptxas, sm_90;
-    # session 5, before the chunk loop of session 6 freed registers: not re-measured)
-    post, comb, pre = _coefficients(post_ptr, comb_ptr, pre_ptr, t64, tmask, C)
     e = e0 + tl.arange(0, BLOCK_E)
     emask = e < E
     m2 = tmask[:, None] & emask[None, :]
@@ -149,40 +149,40 @@ def _merge_and_finish(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, x_ptr, nw_pt
                       pre_out, post_out, comb_out, C: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
                       MP: tl.constexpr, ITERS: tl.constexpr, HC_EPS: tl.constexpr,
                       RMS_EPS: tl.constexpr, BLOCK_T: tl.constexpr, NSP: tl.constexpr,
-                      E_P2: tl.constexpr):
-    """Split path, last program of a token block: sum the splits' partials row by row in a fixed
-    order (deterministic, unlike float atomics; one [NSP, MP] load per row, through L2), then the
-    coefficients and the RMSNorm of each row's x (written by the other programs)."""
+                      NORM_E: tl.constexpr):
+    """Split path, last program of a token block: sum the splits' partials in a fixed order
+    (deterministic, unlike float atomics; through L2), then the coefficients and the RMSNorm of
+    each row's x (written by the other programs)."""
     base, s_pre, s_post, s_comb = _load_site(base_ptr, scale_ptr, M, MP)
-    e = tl.arange(0, E_P2)
-    w = tl.load(nw_ptr + e, mask=e < E, other=0.0).to(tl.float32)
-    sp = tl.arange(0, NSP)
     m = tl.arange(0, MP)
-    tt = tl.arange(0, BLOCK_T)
     acc = tl.zeros([BLOCK_T, MP], dtype=tl.float32)
     sumsq_r = tl.zeros([BLOCK_T], dtype=tl.float32)
     sumsq_x = tl.zeros([BLOCK_T], dtype=tl.float32)
-    t0 = pid_t.to(tl.int64) * BLOCK_T
-    n_rows = tl.minimum(BLOCK_T, T - t0)
-    ok = sp < n_split
-    for i in range(n_rows):
-        slot = sp.to(tl.int64) * T + t0 + i
-        part = tl.load(ws_acc + slot[:, None] * MP + m[None, :], mask=ok[:, None] & (m < M)[None, :],
-                       other=0.0, cache_modifier=".cg")
-        sq_r = tl.load(ws_sq + slot * 2, mask=ok, other=0.0, cache_modifier=".cg")
-        sq_x = tl.load(ws_sq + slot * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
-        here = tt == i
-        acc = tl.where(here[:, None], tl.sum(part, axis=0)[None, :], acc)
-        sumsq_r = tl.where(here, tl.sum(sq_r, axis=0), sumsq_r)
-        sumsq_x = tl.where(here, tl.sum(sq_x, axis=0), sumsq_x)
+    if BLOCK_T < 16:  # decode: few rows, up to 256 splits; one [NSP, MP] load per row
+        sp = tl.arange(0, NSP)
+        tt = tl.arange(0, BLOCK_T)
+        t0 = pid_t.to(tl.int64) * BLOCK_T
+        ok = sp < n_split
+        for i in range(tl.minimum(BLOCK_T, T - t0)):
+            slot = sp.to(tl.int64) * T + t0 + i
+            part = tl.load(ws_acc + slot[:, None] * MP + m[None, :], mask=ok[:, None] & (m < M)[None, :],
+                           other=0.0, cache_modifier=".cg")
+            sq_r = tl.load(ws_sq + slot * 2, mask=ok, other=0.0, cache_modifier=".cg")
+            sq_x = tl.load(ws_sq + slot * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
+            here = tt == i
+            acc = tl.where(here[:, None], tl.sum(part, axis=0)[None, :], acc)
+            sumsq_r = tl.where(here, tl.sum(sq_r, axis=0), sumsq_r)
+            sumsq_x = tl.where(here, tl.sum(sq_x, axis=0), sumsq_x)
+    else:  # prefill: many rows, few splits; one [BLOCK_T, MP] load per split, in split order
+        mm = tmask[:, None] & (m < M)[None, :]
+        for sp in range(n_split):
+            slot = sp * T + t64
+            acc += tl.load(ws_acc + slot[:, None] * MP + m[None, :], mask=mm, other=0.0, cache_modifier=".cg")
+            sumsq_r += tl.load(ws_sq + slot * 2, mask=tmask, other=0.0, cache_modifier=".cg")
+            sumsq_x += tl.load(ws_sq + slot * 2 + 1, mask=tmask, other=0.0, cache_modifier=".cg")
     _next_coefficients(acc, sumsq_r, t64, tmask, base, s_pre, s_post, s_comb, pre_out, post_out, comb_out,
                        E, ITERS, HC_EPS, RMS_EPS, C, M, MP)
-    rstd = tl.rsqrt(sumsq_x / E + RMS_EPS)
-    for i in range(n_rows):  # one wide step per row: one token is one load and one store
-        r_i = tl.sum(tl.where(tt == i, rstd, 0.0), axis=0)
-        ptrs = x_ptr + (t0 + i) * E + e
-        x = tl.load(ptrs, mask=e < E, other=0.0, cache_modifier=".cg").to(tl.float32)
-        tl.store(ptrs, (x * r_i * w).to(x_ptr.dtype.element_ty), mask=e < E)
+    _normalise_rows(sumsq_x, t64, tmask, x_ptr, nw_ptr, E, RMS_EPS, NORM_E)
 
 
 @triton.jit
@@ -192,7 +192,7 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
                         C: tl.constexpr, E: tl.constexpr, M: tl.constexpr, MP: tl.constexpr,
                         ITERS: tl.constexpr, HC_EPS: tl.constexpr, RMS_EPS: tl.constexpr,
                         BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, NSP: tl.constexpr,
-                        E_P2: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr):
+                        NORM_E: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr):
     # TensorRT's AOT order: inputs, integer scalars, outputs. The workspace comes last: the
     # TensorRT build compiles SPLIT = 0, which never touches it.
     pid_t = tl.program_id(0)
@@ -213,8 +213,13 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
     else:
         c_lo = 0
         c_hi = n_chunks
+    # The C * (C + 2) coefficients of the rows, loaded once and held in registers. Loaded per chunk
+    # instead, Triton pipelined them as 4-byte copies into shared memory: 24 of a thread's 37
+    # copies per chunk, on the L1/TEX pipe that ncu found 69% busy. H200, 8,192 tokens (session
+    # 7): 635 -> 503 us with whole rows of 32 tokens, 537 -> 477 us at 64 x 32 x 4 splits.
+    post, comb, pre = _coefficients(post_ptr, comb_ptr, pre_ptr, t64, tmask, C)
     for c in range(c_lo, c_hi):
-        acc, sumsq_r, sumsq_x = _mix_chunk(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, new_ptr,
+        acc, sumsq_r, sumsq_x = _mix_chunk(streams_ptr, y_ptr, post, comb, pre, fn_ptr, new_ptr,
                                            x_ptr, t64, tmask, c * BLOCK_E, acc, sumsq_r, sumsq_x, C, E, M,
                                            MP, BLOCK_T, BLOCK_E, IEEE)
     if SPLIT:
@@ -229,13 +234,13 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
             tl.store(counter + pid_t, 0)  # cleared for the next launch
             _merge_and_finish(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, x_ptr, nw_ptr, base_ptr,
                               scale_ptr, pre_out, post_out, comb_out, C, E, M, MP, ITERS, HC_EPS, RMS_EPS,
-                              BLOCK_T, NSP, E_P2)
+                              BLOCK_T, NSP, NORM_E)
     else:
         tl.debug_barrier()  # this program's unnormalised x rows are written before it rereads them
         base, s_pre, s_post, s_comb = _load_site(base_ptr, scale_ptr, M, MP)
         _next_coefficients(acc, sumsq_r, t64, tmask, base, s_pre, s_post, s_comb, pre_out, post_out,
                            comb_out, E, ITERS, HC_EPS, RMS_EPS, C, M, MP)
-        _normalise_rows(sumsq_x, t64, tmask, x_ptr, nw_ptr, E, RMS_EPS, BLOCK_E)
+        _normalise_rows(sumsq_x, t64, tmask, x_ptr, nw_ptr, E, RMS_EPS, NORM_E)
 
 
 def _check(streams, y, post, comb, pre, fn, base, scale, norm_weight, iters):
@@ -289,7 +294,11 @@ class MhcBoundaryLauncher(LauncherBase):
         block_e, block_t = cfg["BLOCK_E"], cfg["BLOCK_T"]
         t_blocks = triton.cdiv(tokens, block_t)
         if n_split is None:  # split channels only until the grid covers the GPU twice
-            n_split = max(1, min(triton.cdiv(e, block_e), triton.cdiv(2 * self._sms(dev), t_blocks)))
+            # (rounded down for row blocks of prefill: two programs per SM fit by registers, so
+            # more than 2 x SMs programs run as a second, partial wave)
+            fill = 2 * self._sms(dev)
+            n_split = max(1, min(triton.cdiv(e, block_e),
+                                 triton.cdiv(fill, t_blocks) if tokens <= 64 else fill // t_blocks))
         n_split = min(n_split, 256)  # the merge reads every split's partials in one [NSP, MP] load
         chunks = triton.cdiv(e, block_e)
         per = triton.cdiv(chunks, n_split)  # chunks per split
@@ -302,25 +311,29 @@ class MhcBoundaryLauncher(LauncherBase):
         mhc_boundary_kernel[(t_blocks, n_split)](
             *f, tokens, per, n_split, new, x, pre, post, comb, ws_acc, ws_sq, counter, C=c, E=e, M=n_mix,
             ITERS=int(iters), HC_EPS=float(hc_eps), RMS_EPS=float(rms_eps), NSP=next_pow2(n_split),
-            E_P2=next_pow2(e), SPLIT=split, **cfg)
+            SPLIT=split, **cfg)
         return new, x, pre, post, comb
 
 
-def launch_config(tokens: int, hc: int, hidden: int, dtype: torch.dtype) -> dict:
-    """Block sizes and warps, shared by the JIT launch and the AOT compile (trt.py). Few tokens
-    (decode) split the channels over programs, BLOCK_E each; many tokens give each program whole
-    rows of BLOCK_T tokens. Settings from the H200 sweeps (docs/benchmarks.md): one token 8.8 us
-    with 32-channel chunks (64: 10.6 us, 16 rows with the tensor cores: 14.3 us); 8,192 tokens
-    650 us at 32 rows x 32 channels x 4 warps, 3 stages (2 stages: 687 us, 16-channel chunks:
-    775 us, 16 rows: 1,072 us, 8 warps: 918-1,250 us; the projection as two bf16 dots over fn's
-    hi and lo parts instead of one tf32 dot: 750 us)."""
+def launch_config(tokens: int, hc: int, hidden: int, dtype: torch.dtype, whole_rows: bool = False) -> dict:
+    """Block sizes and warps, shared by the JIT launch and the AOT compile (trt.py, whole_rows:
+    no workspace, so no channel splits). Few tokens (decode) split the channels over programs;
+    many tokens take BLOCK_T rows per program, with the channels split too where that fills the
+    GPU. H200 sweeps (docs/benchmarks.md): one token 8.6 us with 32-channel chunks (64: 9.8 us);
+    8,192 tokens (session 7, coefficients held in registers) 466 us at 64 rows x 16 channels x 4
+    warps in 4 channel splits, 477 at 64 x 32, 503-515 at 32 x 32 (whole rows or split), 583 at
+    128 x 32 x 8 warps; earlier: 2 stages, 8 warps and 16-row blocks slower, the projection as two
+    bf16 dots over fn's hi and lo parts slower than one tf32 dot."""
     few = tokens <= 64
+    wide = dtype == torch.float32 or whole_rows  # fp32 tiles: twice the registers (not swept)
     # one to four tokens: that many rows per program and the projection as fp32 products (the
     # tensor cores need 16 rows); BLOCK_T * C * BLOCK_E * MP stays at 16K values or fewer
-    block_t = next_pow2(tokens) if tokens <= 4 else 16 if few else 32
-    block_e = 32
-    return dict(BLOCK_T=block_t, BLOCK_E=min(block_e, next_pow2(hidden, 16)),
-                MP=next_pow2((2 + hc) * hc, 16), IEEE=dtype == torch.float32, num_warps=4)
+    block_t = next_pow2(tokens) if tokens <= 4 else 16 if few else 32 if wide else 64
+    block_e = min(32 if few or wide else 16, next_pow2(hidden, 16))
+    # the RMSNorm pass of x: tiles of 4K values (32 per thread)
+    norm_e = min(next_pow2(hidden), max(block_e, 4096 // block_t))
+    return dict(BLOCK_T=block_t, BLOCK_E=block_e, NORM_E=norm_e, MP=next_pow2((2 + hc) * hc, 16),
+                IEEE=dtype == torch.float32, num_warps=4)
 
 
 def mhc_boundary(streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next, base_next, scale_next,

@@ -20,15 +20,14 @@ from dsflash.plugins.mhc_boundary.decl import DECL
 def aot_kernel(dtype: torch.dtype, tokens_hint: int, hc: int, hidden: int, iters: int, hc_eps: float,
                rms_eps: float) -> tuple[AotKernel, dict]:
     """(compiled kernel, launch: BLOCK_T for the grid (cdiv(B*S, BLOCK_T), 1))."""
-    cfg = kernel.launch_config(tokens_hint, hc, hidden, dtype)
+    cfg = kernel.launch_config(tokens_hint, hc, hidden, dtype, whole_rows=True)
     x = pointer(dtype)
     sig = {"streams_ptr": x, "y_ptr": x, "post_ptr": "*fp32", "comb_ptr": "*fp32", "pre_ptr": "*fp32",
            "fn_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "nw_ptr": x, "T": "i32",
            "chunks_per_split": "i32", "n_split": "i32", "new_ptr": x, "x_ptr": x, "pre_out": "*fp32",
            "post_out": "*fp32", "comb_out": "*fp32", "ws_acc": "*fp32", "ws_sq": "*fp32", "counter": "*i32"}
     consts = dict(C=hc, E=hidden, M=(2 + hc) * hc, ITERS=int(iters), HC_EPS=float(hc_eps),
-                  RMS_EPS=float(rms_eps), SPLIT=False, NSP=1,
-                  E_P2=kernel.next_pow2(hidden), **{k: v for k, v in cfg.items() if k != "num_warps"})
+                  RMS_EPS=float(rms_eps), SPLIT=False, NSP=1, **{k: v for k, v in cfg.items() if k != "num_warps"})
     return compile_ptx(kernel.mhc_boundary_kernel, sig, consts, cfg["num_warps"]), cfg
 
 
