@@ -4,15 +4,15 @@ mixes with its sum of squares, the collapse with the carried pre, and in the epi
 sigmoids, Sinkhorn and the RMSNorm of the next input.
 
 Grid: (token blocks of BLOCK_T, channel splits). Each program streams its channels in chunks of
-BLOCK_E: R = post y + comb^T R_prev
-(rounded once to the stream dtype, as the reference), x = sum_k pre_k R_k (rounded, stored
-unnormalised), and accumulates R . fn^T on the tensor cores (tf32 for 16-bit streams, exact for
-fp32; exact fp32 products below 16 tokens) with sum R^2 and sum x^2. With many tokens one
-program owns whole rows (SPLIT = 0) and finishes them itself. With few tokens (decode) the
-channels are split over programs so the whole GPU reads fn; each split stores its partial sums
-in a workspace slot, and the last program of a token block (a counter) adds them up in a fixed
-order (so results do not depend on scheduling), finishes the rows and clears the counter for the
-next launch, so a boundary stays one launch.
+BLOCK_E: R = post y + comb^T R_prev (rounded once to the stream dtype, as the reference),
+x = sum_k pre_k R_k (rounded, stored unnormalised), and accumulates R . fn^T on the tensor cores
+(tf32 for 16-bit streams, exact for fp32; exact fp32 products below 16 tokens) with sum R^2 and
+sum x^2. Where the token blocks alone fill the GPU, one program owns whole rows (SPLIT = 0) and
+finishes them itself; this is also the TensorRT plugin's path (no workspace there). Otherwise
+(decode, and prefill up to SMs x BLOCK_T tokens) the channels are split over programs
+too; each split stores its partial sums in a workspace slot, and the last program of a token
+block (a counter) adds them up in a fixed order (so results do not depend on scheduling),
+finishes the rows and clears the counter for the next launch, so a boundary stays one launch.
 """
 
 from __future__ import annotations
