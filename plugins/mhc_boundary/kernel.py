@@ -332,8 +332,11 @@ def launch_config(tokens: int, hc: int, hidden: int, dtype: torch.dtype, whole_r
     block_e = min(32 if few or wide else 16, next_pow2(hidden, 16))
     # the RMSNorm pass of x: tiles of 4K values (32 per thread)
     norm_e = min(next_pow2(hidden), max(block_e, 4096 // block_t))
-    return dict(BLOCK_T=block_t, BLOCK_E=block_e, NORM_E=norm_e, MP=next_pow2((2 + hc) * hc, 16),
-                IEEE=dtype == torch.float32, num_warps=4)
+    cfg = dict(BLOCK_T=block_t, BLOCK_E=block_e, NORM_E=norm_e, MP=next_pow2((2 + hc) * hc, 16),
+               IEEE=dtype == torch.float32, num_warps=4)
+    if not (few or wide):  # four buffers of the pipelined loads (Triton's default: three)
+        cfg["num_stages"] = 4
+    return cfg
 
 
 def mhc_boundary(streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next, base_next, scale_next,

@@ -27,7 +27,8 @@ def aot_kernel(dtype: torch.dtype, tokens_hint: int, hc: int, hidden: int, iters
            "chunks_per_split": "i32", "n_split": "i32", "new_ptr": x, "x_ptr": x, "pre_out": "*fp32",
            "post_out": "*fp32", "comb_out": "*fp32", "ws_acc": "*fp32", "ws_sq": "*fp32", "counter": "*i32"}
     consts = dict(C=hc, E=hidden, M=(2 + hc) * hc, ITERS=int(iters), HC_EPS=float(hc_eps),
-                  RMS_EPS=float(rms_eps), SPLIT=False, NSP=1, **{k: v for k, v in cfg.items() if k != "num_warps"})
+                  RMS_EPS=float(rms_eps), SPLIT=False, NSP=1,
+                  **{k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")})
     return compile_ptx(kernel.mhc_boundary_kernel, sig, consts, cfg["num_warps"]), cfg
 
 
