@@ -275,8 +275,8 @@ def _sweep_mhc(res: dict, gen) -> None:
             bt, be, nw, stages, n_split = setting or (0, 0, 0, 0, None)
             over = dict(BLOCK_E=be, BLOCK_T=bt, num_warps=nw, num_stages=stages) if setting else {}
             _sweep_one(res, f"mhc tokens={tokens} #{i} {over or 'default'} n_split={n_split}",
-                       lambda: mhc_kernel.MhcBoundaryLauncher(overrides=over),
-                       lambda f: f(*args, n_split=n_split), want, 2e-2, graph=few)
+                       lambda over=over: mhc_kernel.MhcBoundaryLauncher(overrides=over),
+                       lambda f, n_split=n_split: f(*args, n_split=n_split), want, 2e-2, graph=few)
         if not few:  # what fn's bytes cost: every program streams all of fn from L2 (2 MB in fp32)
             half = list(args)
             half[5] = args[5].to(torch.float16)
