@@ -320,10 +320,10 @@ def launch_config(tokens: int, hc: int, hidden: int, dtype: torch.dtype, whole_r
     no workspace, so no channel splits). Few tokens (decode) split the channels over programs;
     many tokens take BLOCK_T rows per program, with the channels split too where that fills the
     GPU. H200 sweeps (docs/benchmarks.md): one token 8.6 us with 32-channel chunks (64: 9.8 us);
-    8,192 tokens (session 7, coefficients held in registers) 466 us at 64 rows x 16 channels x 4
-    warps in 4 channel splits, 477 at 64 x 32, 503-515 at 32 x 32 (whole rows or split), 583 at
-    128 x 32 x 8 warps; earlier: 2 stages, 8 warps and 16-row blocks slower, the projection as two
-    bf16 dots over fn's hi and lo parts slower than one tf32 dot."""
+    8,192 tokens (session 7, coefficients held in registers) 481 us at 64 rows x 16 channels x 4
+    warps, 4 stages, split in two (3 stages: 508 us; 4 splits 491-513; whole rows 524-527 at 64 x
+    16 or 32 x 32; 8 warps 734-950); earlier: 2 stages and 16-row blocks slower, the projection
+    as two bf16 dots over fn's hi and lo parts slower than one tf32 dot."""
     few = tokens <= 64
     wide = dtype == torch.float32 or whole_rows  # fp32 tiles: twice the registers (not swept)
     # one to four tokens: that many rows per program and the projection as fp32 products (the
