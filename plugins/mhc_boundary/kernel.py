@@ -175,11 +175,12 @@ def _merge_and_finish(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, x_ptr, nw_pt
             sumsq_x = tl.where(here, tl.sum(sq_x, axis=0), sumsq_x)
     else:  # prefill: many rows, few splits; one [BLOCK_T, MP] load per split, in split order
         mm = tmask[:, None] & (m < M)[None, :]
-        for sp in range(n_split):
-            slot = sp * T + t64
+        slot = t64  # split sp's slots of these rows: sp * T + t, in int64
+        for _ in range(n_split):
             acc += tl.load(ws_acc + slot[:, None] * MP + m[None, :], mask=mm, other=0.0, cache_modifier=".cg")
             sumsq_r += tl.load(ws_sq + slot * 2, mask=tmask, other=0.0, cache_modifier=".cg")
             sumsq_x += tl.load(ws_sq + slot * 2 + 1, mask=tmask, other=0.0, cache_modifier=".cg")
+            slot += T
     _next_coefficients(acc, sumsq_r, t64, tmask, base, s_pre, s_post, s_comb, pre_out, post_out, comb_out,
                        E, ITERS, HC_EPS, RMS_EPS, C, M, MP)
     _normalise_rows(sumsq_x, t64, tmask, x_ptr, nw_ptr, E, RMS_EPS, NORM_E)
