@@ -10,6 +10,7 @@ output tensors; every kernel.py entry point is declared in that order.
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import dataclass
 
 import torch
@@ -51,24 +52,42 @@ def jit_function(kernel):
     return kernel
 
 
-def compile_ptx(kernel, signature: dict, constexprs: dict, num_warps: int, arch: int = 90) -> AotKernel:
-    """PTX for `arch` (sm_90 by default) of `kernel` with `signature` (name -> Triton type, in the
-    kernel's parameter order) and the compile-time constants."""
+def with_defaults(fn, constexprs: dict) -> dict:
+    """The constants, with those the kernel gives a default for filled in (PDL: off for
+    TensorRT, which launches the kernel itself)."""
+    return {name: p.default for name, p in inspect.signature(fn.fn).parameters.items()
+            if p.default is not inspect.Parameter.empty} | dict(constexprs)
+
+
+def compile_kernel(kernel, signature: dict, constexprs: dict, num_warps: int, arch: int = 90,
+                   num_stages: int | None = None, divisible_by_16: tuple = ()):
+    """Triton's compiled kernel (its PTX, TTGIR and metadata) for `arch` (sm_90 by default) of
+    `kernel` with `signature` (name -> Triton type, in the kernel's parameter order) and the
+    compile-time constants; num_stages None: Triton's default. divisible_by_16 names the
+    parameters to specialise as the JIT does for aligned pointers and sizes that are multiples
+    of 16 (what decides 16-byte vector loads and copies)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     fn = jit_function(kernel)
-    # constants with a default (PDL: off for TensorRT, which launches the kernel itself)
-    defaults = {name: p.default for name, p in inspect.signature(fn.fn).parameters.items()
-                if p.default is not inspect.Parameter.empty}
-    constexprs = defaults | dict(constexprs)
+    constexprs = with_defaults(fn, constexprs)
     missing = [a for a in fn.arg_names if a not in signature and a not in constexprs]
     if missing:
         raise ValueError(f"{fn.__name__}: no type or constant for {missing}")
     sig = {a: ("constexpr" if a in constexprs else signature[a]) for a in fn.arg_names}
-    src = ASTSource(fn=fn, signature=sig, constexprs={a: constexprs[a] for a in constexprs})
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in divisible_by_16}
+    src = ASTSource(fn=fn, signature=sig, constexprs={a: constexprs[a] for a in constexprs}, attrs=attrs)
+    options = {"num_warps": num_warps} | ({} if num_stages is None else {"num_stages": num_stages})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def compile_ptx(kernel, signature: dict, constexprs: dict, num_warps: int, arch: int = 90) -> AotKernel:
+    """PTX for `arch` (sm_90 by default) of `kernel` with `signature` (name -> Triton type, in the
+    kernel's parameter order) and the compile-time constants."""
+    fn = jit_function(kernel)
+    constexprs = with_defaults(fn, constexprs)
+    compiled = compile_kernel(kernel, signature, constexprs, num_warps, arch)
     ptx = compiled.asm["ptx"]
     entry = ptx.split(".entry", 1)[1].split(")", 1)[0]
     return AotKernel(name=compiled.metadata.name, ptx=ptx, num_warps=compiled.metadata.num_warps,
@@ -80,3 +99,10 @@ def compile_ptx(kernel, signature: dict, constexprs: dict, num_warps: int, arch:
 def cdiv_expr(a, b: int):
     """Ceiling division that works on ints and on TensorRT's symbolic shape expressions."""
     return (a + (b - 1)) // b
+
+
+def pipelined_copies(ttgir: str) -> list[tuple[tuple[int, ...], str]]:
+    """(shape, element type) of every asynchronous global-to-shared copy (Triton's software
+    pipeline of a loop's loads) in a TTGIR listing, e.g. ((64, 16), "bf16")."""
+    found = re.findall(r"ttg\.async_copy_global_to_local\b[^\n]*?: tensor<((?:\d+x)+)!tt\.ptr<(\w+)>", ttgir)
+    return [(tuple(int(d) for d in dims.rstrip("x").split("x")), elem) for dims, elem in found]

@@ -17,19 +17,29 @@ from dsflash.plugins.mhc_boundary import kernel
 from dsflash.plugins.mhc_boundary.decl import DECL
 
 
+def kernel_signature(dtype: torch.dtype) -> dict:
+    """Triton types of the kernel's non-constant parameters, in TensorRT's AOT order."""
+    x = pointer(dtype)
+    return {"streams_ptr": x, "y_ptr": x, "post_ptr": "*fp32", "comb_ptr": "*fp32", "pre_ptr": "*fp32",
+            "fn_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "nw_ptr": x, "T": "i32",
+            "chunks_per_split": "i32", "n_split": "i32", "new_ptr": x, "x_ptr": x, "pre_out": "*fp32",
+            "post_out": "*fp32", "comb_out": "*fp32", "ws_acc": "*fp32", "ws_sq": "*fp32", "counter": "*i32"}
+
+
+def kernel_constants(cfg: dict, hc: int, hidden: int, iters: int, hc_eps: float, rms_eps: float,
+                     split: bool, n_split_p2: int) -> dict:
+    """The kernel's compile-time constants for a launch_config (less its launch options)."""
+    return dict(C=hc, E=hidden, M=(2 + hc) * hc, ITERS=int(iters), HC_EPS=float(hc_eps),
+                RMS_EPS=float(rms_eps), SPLIT=split, NSP=n_split_p2,
+                **{k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")})
+
+
 def aot_kernel(dtype: torch.dtype, tokens_hint: int, hc: int, hidden: int, iters: int, hc_eps: float,
                rms_eps: float) -> tuple[AotKernel, dict]:
     """(compiled kernel, launch: BLOCK_T for the grid (cdiv(B*S, BLOCK_T), 1))."""
     cfg = kernel.launch_config(tokens_hint, hc, hidden, dtype, whole_rows=True)
-    x = pointer(dtype)
-    sig = {"streams_ptr": x, "y_ptr": x, "post_ptr": "*fp32", "comb_ptr": "*fp32", "pre_ptr": "*fp32",
-           "fn_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "nw_ptr": x, "T": "i32",
-           "chunks_per_split": "i32", "n_split": "i32", "new_ptr": x, "x_ptr": x, "pre_out": "*fp32",
-           "post_out": "*fp32", "comb_out": "*fp32", "ws_acc": "*fp32", "ws_sq": "*fp32", "counter": "*i32"}
-    consts = dict(C=hc, E=hidden, M=(2 + hc) * hc, ITERS=int(iters), HC_EPS=float(hc_eps),
-                  RMS_EPS=float(rms_eps), SPLIT=False, NSP=1,
-                  **{k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")})
-    return compile_ptx(kernel.mhc_boundary_kernel, sig, consts, cfg["num_warps"]), cfg
+    consts = kernel_constants(cfg, hc, hidden, iters, hc_eps, rms_eps, split=False, n_split_p2=1)
+    return compile_ptx(kernel.mhc_boundary_kernel, kernel_signature(dtype), consts, cfg["num_warps"]), cfg
 
 
 def register() -> None:
