@@ -11,10 +11,7 @@ per-row vectors (1-D). The rows' coefficients, loaded per chunk, were pipelined 
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
-import sys
 
 
 def cases() -> dict:
@@ -61,17 +58,7 @@ def check() -> list[str]:
     return problems
 
 
-def main() -> None:
-    formatter = argparse.RawDescriptionHelpFormatter
-    argparse.ArgumentParser(description=__doc__, formatter_class=formatter).parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        raise SystemExit("unset TRITON_INTERPRET: the interpreter's kernels cannot be compiled")
-    problems = check()
-    for p in problems:
-        logging.error("%s", p)
-    sys.exit(1 if problems else 0)
-
-
 if __name__ == "__main__":
-    main()
+    import compile_check
+
+    compile_check.run(check, __doc__)

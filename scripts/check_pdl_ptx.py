@@ -10,10 +10,7 @@ instruction is there (the TensorRT build). Needs Triton, not a GPU. Exit status 
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
-import sys
 
 
 def check() -> list[str]:
@@ -41,16 +38,7 @@ def check() -> list[str]:
     return problems
 
 
-def main() -> None:
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        raise SystemExit("unset TRITON_INTERPRET: the interpreter's kernels cannot be compiled")
-    problems = check()
-    for p in problems:
-        logging.error("%s", p)
-    sys.exit(1 if problems else 0)
-
-
 if __name__ == "__main__":
-    main()
+    import compile_check
+
+    compile_check.run(check, __doc__)
