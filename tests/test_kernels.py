@@ -222,6 +222,8 @@ def test_mhc_boundary_kernel(gen, dtype, b, s, c, e, n_split):
     for _ in range(2):  # the second call checks the split path cleared its counters
         got = launcher(*_dev(*args), **attrs, n_split=n_split)
         assert_kernel_matches(got, mhc_ref.mhc_boundary, args, attrs, dtype, f"MhcBoundary split={n_split}")
+        # every token block's counter is back at zero for the next launch
+        assert all(torch.count_nonzero(counter) == 0 for _, _, counter in launcher._ws.values())
 
 
 def test_mhc_boundary_kernel_rejects_bad_input(gen):
