@@ -37,33 +37,36 @@ def _load_site(base_ptr, scale_ptr, M: tl.constexpr, MP: tl.constexpr):
 def _next_coefficients(acc, sumsq_r, t, tmask, base, s_pre, s_post, s_comb, pre_out, post_out, comb_out,
                        E: tl.constexpr, ITERS: tl.constexpr, HC_EPS: tl.constexpr, RMS_EPS: tl.constexpr,
                        C: tl.constexpr, M: tl.constexpr, MP: tl.constexpr):
-    """pre, post (sigmoids) and comb (Sinkhorn) of the next site for the rows t."""
+    """pre, post (sigmoids) and comb (Sinkhorn) of the next site for the rows t. The scaled and
+    biased mixes go through the outputs' own rows (written, then read back as [rows, C] and
+    [rows, C, C] after a barrier): picking the columns out of the [rows, MP] tile in registers
+    with one-hot sums built a [rows, C, C, MP] product, 256 values per thread at 64 rows, which
+    set the whole kernel's register count (255, with spills; ptxas, sm_90a)."""
     mixes = acc * tl.rsqrt(sumsq_r / (C * E) + RMS_EPS)[:, None]
     m = tl.arange(0, MP)
+    scale = tl.where(m < C, s_pre, tl.where(m < 2 * C, s_post, s_comb))
+    z = mixes * scale[None, :] + base[None, :]
+    rows = tmask[:, None]
+    tm = t[:, None]
+    tl.store(pre_out + tm * C + m[None, :], z, mask=rows & (m < C)[None, :])
+    tl.store(post_out + tm * C + (m[None, :] - C), z, mask=rows & ((m >= C) & (m < 2 * C))[None, :])
+    tl.store(comb_out + tm * (C * C) + (m[None, :] - 2 * C), z, mask=rows & ((m >= 2 * C) & (m < M))[None, :])
+    tl.debug_barrier()  # the block's raw values are written (and visible to it) before it reads them
     a = tl.arange(0, C)
-    # pick columns out of the [BLOCK_T, MP] mixes with one-hot selections (C and M are tiny)
-    sel_pre = (m[None, :] == a[:, None]).to(tl.float32)
-    sel_post = (m[None, :] == (C + a)[:, None]).to(tl.float32)
-    pre = tl.sum(mixes[:, None, :] * sel_pre[None], axis=2) * s_pre
-    pre += tl.sum(base[None] * sel_pre, 1)[None]
-    post = tl.sum(mixes[:, None, :] * sel_post[None], axis=2) * s_post
-    post += tl.sum(base[None] * sel_post, 1)[None]
-    pre = tl.sigmoid(pre) + HC_EPS
-    post = 2.0 * tl.sigmoid(post)
-    col = 2 * C + a[:, None, None] * C + a[None, :, None]
-    sel_comb = (m[None, None, :] == col).to(tl.float32)  # [C, C, MP]
-    logits = tl.sum(mixes[:, None, None, :] * sel_comb[None], axis=3) * s_comb
-    logits += tl.sum(base[None, None, :] * sel_comb, axis=2)[None]
+    tc = t[:, None] * C + a[None, :]
+    pre = tl.sigmoid(tl.load(pre_out + tc, mask=rows, other=0.0, cache_modifier=".cg")) + HC_EPS
+    post = 2.0 * tl.sigmoid(tl.load(post_out + tc, mask=rows, other=0.0, cache_modifier=".cg"))
+    tcc = t[:, None, None] * (C * C) + a[None, :, None] * C + a[None, None, :]
+    logits = tl.load(comb_out + tcc, mask=tmask[:, None, None], other=0.0, cache_modifier=".cg")
     ex = tl.exp(logits - tl.max(logits, axis=2)[:, :, None])
     comb = ex / tl.sum(ex, axis=2)[:, :, None] + HC_EPS
     comb = comb / (tl.sum(comb, axis=1)[:, None, :] + HC_EPS)
     for _ in range(ITERS - 1):
         comb = comb / (tl.sum(comb, axis=2)[:, :, None] + HC_EPS)
         comb = comb / (tl.sum(comb, axis=1)[:, None, :] + HC_EPS)
-    tc = t[:, None] * C + a[None, :]
-    tl.store(pre_out + tc, pre, mask=tmask[:, None])
-    tl.store(post_out + tc, post, mask=tmask[:, None])
-    tcc = t[:, None, None] * (C * C) + a[None, :, None] * C + a[None, None, :]
+    tl.debug_barrier()  # every thread has read the raw values before any is overwritten
+    tl.store(pre_out + tc, pre, mask=rows)
+    tl.store(post_out + tc, post, mask=rows)
     tl.store(comb_out + tcc, comb, mask=tmask[:, None, None])
 
 
@@ -75,7 +78,7 @@ def _normalise_rows(sumsq_x, t, tmask, x_ptr, nw_ptr, E: tl.constexpr, RMS_EPS: 
     thread group (w and x of 8K channels) held 252 registers across the whole kernel (ptxas,
     sm_90a), two programs per SM where the channel loop alone needs 167."""
     rstd_x = tl.rsqrt(sumsq_x / E + RMS_EPS)
-    for e0 in range(0, E, NORM_E):
+    for e0 in tl.range(0, E, NORM_E, num_stages=3):
         e = e0 + tl.arange(0, NORM_E)
         m2 = tmask[:, None] & (e < E)[None, :]
         ptrs = x_ptr + t[:, None] * E + e[None, :]
