@@ -269,8 +269,8 @@ def _sweep_mhc(res: dict, gen) -> None:
         # each; splitting the channels too (partials merged by the last program of a token
         # block) gives more, shorter programs. Whole rows are what the TensorRT plugin runs.
         grid = ([None, (1, 64, 4, 3, None)] if few else
-                [None, (64, 16, 4, 3, None), (64, 16, 4, 3, 1), (32, 32, 4, 3, 1), None, (64, 16, 4, 3, None),
-                 (64, 16, 4, 4, 4), (64, 16, 8, 4, None), (64, 32, 8, 4, None), (128, 16, 8, 4, None), None])
+                [None, (64, 32, 4, 3, 2), (64, 32, 4, 4, 2), (32, 32, 4, 4, 1), None, (64, 16, 4, 4, 1),
+                 (64, 32, 8, 4, 1), None])
         for i, setting in enumerate(grid):
             bt, be, nw, stages, n_split = setting or (0, 0, 0, 0, None)
             over = dict(BLOCK_E=be, BLOCK_T=bt, num_warps=nw, num_stages=stages) if setting else {}

@@ -29,7 +29,7 @@ def cases() -> dict:
              ("prefill (8,192 tokens, channel splits)", 8192, False, 2),
              ("whole rows (the TensorRT plugin's blocks)", 1 << 20, True, 1))
     for name, tokens, whole_rows, n_split_p2 in paths:
-        cfg = kernel.launch_config(tokens, hc, hidden, bf16, whole_rows=whole_rows)
+        cfg = kernel.launch_config(tokens, hc, hidden, bf16)
         consts = trt.kernel_constants(cfg, hc, hidden, 20, 1e-6, 1e-6, split=not whole_rows,
                                       n_split_p2=n_split_p2)
         aligned = tuple(a for a, t in sig.items() if t.startswith("*")) + ("T", "chunks_per_split")

@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dsflash.plugins.launch import LauncherBase, check_device, check_dtype, check_shape, next_pow2, require
+from dsflash.plugins.launch import (LauncherBase, check_device, check_dtype, check_shape, interpreting, next_pow2,
+                                    require)
 
 
 @triton.jit
@@ -103,9 +104,21 @@ def _coefficients(post_ptr, comb_ptr, pre_ptr, t64, tmask, C: tl.constexpr):
 
 
 @triton.jit
+def _computed_once(v):
+    """v itself, passed through an identity instruction that Triton may not duplicate (not pure).
+    Without it Triton computed R' twice, once in the blocked layout of the stores and sums and
+    once more in the dot operand's layout (every stream tile read twice from shared memory, the
+    mix done twice, the coefficients held in both layouts: 204 registers); with it R' is computed
+    once and moved to the operand layout through shared memory (134 registers). H200, 8,192
+    tokens (session 8): 453 -> 443 us at 64 x 16, 425 us at 64 x 32. PTX: no interpreter."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [v], dtype=tl.float32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _mix_chunk(streams_ptr, y_ptr, post, comb, pre, fn_ptr, new_ptr, x_ptr, t64, tmask,
                e0, acc, sumsq_r, sumsq_x, C: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
-               MP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, IEEE: tl.constexpr):
+               MP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, IEEE: tl.constexpr,
+               ONCE: tl.constexpr):
     """One chunk of BLOCK_E channels of BLOCK_T tokens: new R, the collapse x and the projection
     onto fn, one output stream at a time so every tile stays 2-D [BLOCK_T, BLOCK_E] (3-D
     [T, C, E] tiles with a reshape for the dot ran 2x slower on the H200). Each input stream tile
@@ -129,6 +142,8 @@ def _mix_chunk(streams_ptr, y_ptr, post, comb, pre, fn_ptr, new_ptr, x_ptr, t64,
         new_k = new_k.to(new_ptr.dtype.element_ty)
         tl.store(new_ptr + (t64[:, None] * C + k) * E + e[None, :], new_k, mask=m2)
         nf = new_k.to(tl.float32)
+        if ONCE:
+            nf = _computed_once(nf)
         sumsq_r += tl.sum(nf * nf, axis=1)
         x_acc += pre[k][:, None] * nf
         # fn[:, k*E + e] as [MP, BLOCK_E]: contiguous along the channels (coalesced)
@@ -196,7 +211,7 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
                         C: tl.constexpr, E: tl.constexpr, M: tl.constexpr, MP: tl.constexpr,
                         ITERS: tl.constexpr, HC_EPS: tl.constexpr, RMS_EPS: tl.constexpr,
                         BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, NSP: tl.constexpr,
-                        NORM_E: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr):
+                        NORM_E: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr, ONCE: tl.constexpr):
     # TensorRT's AOT order: inputs, integer scalars, outputs. The workspace comes last: the
     # TensorRT build compiles SPLIT = 0, which never touches it.
     pid_t = tl.program_id(0)
@@ -225,7 +240,7 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
     for c in range(c_lo, c_hi):
         acc, sumsq_r, sumsq_x = _mix_chunk(streams_ptr, y_ptr, post, comb, pre, fn_ptr, new_ptr,
                                            x_ptr, t64, tmask, c * BLOCK_E, acc, sumsq_r, sumsq_x, C, E, M,
-                                           MP, BLOCK_T, BLOCK_E, IEEE)
+                                           MP, BLOCK_T, BLOCK_E, IEEE, ONCE)
     if SPLIT:
         m = tl.arange(0, MP)
         slot = tl.program_id(1).to(tl.int64) * T + t64
@@ -295,14 +310,16 @@ class MhcBoundaryLauncher(LauncherBase):
             return new, x, pre, post, comb
         cfg = launch_config(tokens, c, e, streams_BSCE.dtype)
         cfg = cfg | self._overrides
+        if interpreting():  # the identity of _computed_once is inline PTX
+            cfg["ONCE"] = False
         block_e, block_t = cfg["BLOCK_E"], cfg["BLOCK_T"]
         t_blocks = triton.cdiv(tokens, block_t)
-        if n_split is None:  # split channels only until the grid covers the GPU twice
-            # (rounded down for row blocks of prefill: two programs per SM fit by registers, so
-            # more than 2 x SMs programs run as a second, partial wave)
-            fill = 2 * self._sms(dev)
+        if n_split is None:  # split channels only until the grid covers the GPU (decode: twice);
+            # prefill's row blocks run one program per SM (their shared memory), so more than
+            # SMs programs would run as a second, partial wave: rounded down
+            sms = self._sms(dev)
             n_split = max(1, min(triton.cdiv(e, block_e),
-                                 triton.cdiv(fill, t_blocks) if tokens <= 64 else fill // t_blocks))
+                                 triton.cdiv(2 * sms, t_blocks) if tokens <= 64 else sms // t_blocks))
         n_split = min(n_split, 256)  # the merge reads every split's partials in one [NSP, MP] load
         chunks = triton.cdiv(e, block_e)
         per = triton.cdiv(chunks, n_split)  # chunks per split
@@ -319,26 +336,28 @@ class MhcBoundaryLauncher(LauncherBase):
         return new, x, pre, post, comb
 
 
-def launch_config(tokens: int, hc: int, hidden: int, dtype: torch.dtype, whole_rows: bool = False) -> dict:
-    """Block sizes and warps, shared by the JIT launch and the AOT compile (trt.py, whole_rows:
-    no workspace, so no channel splits). Few tokens (decode) split the channels over programs;
-    many tokens take BLOCK_T rows per program, with the channels split too where that fills the
-    GPU. H200 sweeps (docs/benchmarks.md): one token 8.6 us with 32-channel chunks (64: 9.8 us);
-    8,192 tokens (session 7, coefficients held in registers) 481 us at 64 rows x 16 channels x 4
-    warps, 4 stages, split in two (3 stages: 508 us; 4 splits 491-513; whole rows 524-527 at 64 x
-    16 or 32 x 32; 8 warps 734-950); earlier: 2 stages and 16-row blocks slower, the projection
-    as two bf16 dots over fn's hi and lo parts slower than one tf32 dot."""
+def launch_config(tokens: int, hc: int, hidden: int, dtype: torch.dtype) -> dict:
+    """Block sizes and warps, shared by the JIT launch and the AOT compile (trt.py, which runs
+    the same blocks as whole rows: no workspace, so no channel splits). Few tokens (decode) split
+    the channels over programs; many tokens take 64 rows per program, split over channels only
+    until there is one program per SM (the launcher). H200 runs (docs/benchmarks.md): one token
+    8.3 us with 32-channel chunks (64: 9.8 us); 8,192 tokens (session 8, R' computed once) 382.6 us
+    as whole rows of 64 x 32 with 4 stages and RMSNorm tiles of 16K values: one program per SM
+    (132 KB of shared memory), against 408 us split in two, 393 us with 3 stages in two splits
+    (two programs per SM), 411 us for whole rows of 32 x 32, 420 us at 64 x 16; earlier: 8 warps
+    slower, the projection as two bf16 dots over fn's hi and lo parts slower than one tf32 dot."""
     few = tokens <= 64
-    wide = dtype == torch.float32 or whole_rows  # fp32 tiles: twice the registers (not swept)
+    fp32 = dtype == torch.float32  # fp32 tiles: twice the registers and shared memory (not swept)
     # one to four tokens: that many rows per program and the projection as fp32 products (the
     # tensor cores need 16 rows); BLOCK_T * C * BLOCK_E * MP stays at 16K values or fewer
-    block_t = next_pow2(tokens) if tokens <= 4 else 16 if few else 32 if wide else 64
-    block_e = min(32 if few or wide else 16, next_pow2(hidden, 16))
-    # the RMSNorm pass of x: tiles of 4K values (32 per thread)
-    norm_e = min(next_pow2(hidden), max(block_e, 4096 // block_t))
+    block_t = next_pow2(tokens) if tokens <= 4 else 16 if few else 32 if fp32 else 64
+    block_e = min(32, next_pow2(hidden, 16))
+    # the RMSNorm pass of x: tiles of 4K values at decode; 16K for row blocks, where that pass is
+    # each program's tail (8,192 tokens, session 8: 453 us at 4K, 446 at 8K, 430 at 16K)
+    norm_e = min(next_pow2(hidden), max(block_e, (4096 if few else 16384) // block_t))
     cfg = dict(BLOCK_T=block_t, BLOCK_E=block_e, NORM_E=norm_e, MP=next_pow2((2 + hc) * hc, 16),
-               IEEE=dtype == torch.float32, num_warps=4)
-    if not (few or wide):  # four buffers of the pipelined loads (Triton's default: three)
+               IEEE=fp32, ONCE=block_t >= 16, num_warps=4)
+    if not (few or fp32):  # four buffers of the pipelined loads (Triton's default: three)
         cfg["num_stages"] = 4
     return cfg
 

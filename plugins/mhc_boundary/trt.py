@@ -37,7 +37,7 @@ def kernel_constants(cfg: dict, hc: int, hidden: int, iters: int, hc_eps: float,
 def aot_kernel(dtype: torch.dtype, tokens_hint: int, hc: int, hidden: int, iters: int, hc_eps: float,
                rms_eps: float) -> tuple[AotKernel, dict]:
     """(compiled kernel, launch: BLOCK_T for the grid (cdiv(B*S, BLOCK_T), 1))."""
-    cfg = kernel.launch_config(tokens_hint, hc, hidden, dtype, whole_rows=True)
+    cfg = kernel.launch_config(tokens_hint, hc, hidden, dtype)
     consts = kernel_constants(cfg, hc, hidden, iters, hc_eps, rms_eps, split=False, n_split_p2=1)
     return compile_ptx(kernel.mhc_boundary_kernel, kernel_signature(dtype), consts, cfg["num_warps"]), cfg
 
