@@ -82,12 +82,14 @@ def compile_kernel(kernel, signature: dict, constexprs: dict, num_warps: int, ar
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
-def compile_ptx(kernel, signature: dict, constexprs: dict, num_warps: int, arch: int = 90) -> AotKernel:
+def compile_ptx(kernel, signature: dict, constexprs: dict, num_warps: int, arch: int = 90,
+                num_stages: int | None = None) -> AotKernel:
     """PTX for `arch` (sm_90 by default) of `kernel` with `signature` (name -> Triton type, in the
-    kernel's parameter order) and the compile-time constants."""
+    kernel's parameter order), the compile-time constants and the launch config's pipeline depth
+    (None: Triton's default)."""
     fn = jit_function(kernel)
     constexprs = with_defaults(fn, constexprs)
-    compiled = compile_kernel(kernel, signature, constexprs, num_warps, arch)
+    compiled = compile_kernel(kernel, signature, constexprs, num_warps, arch, num_stages=num_stages)
     ptx = compiled.asm["ptx"]
     entry = ptx.split(".entry", 1)[1].split(")", 1)[0]
     return AotKernel(name=compiled.metadata.name, ptx=ptx, num_warps=compiled.metadata.num_warps,

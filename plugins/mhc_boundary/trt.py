@@ -39,7 +39,8 @@ def aot_kernel(dtype: torch.dtype, tokens_hint: int, hc: int, hidden: int, iters
     """(compiled kernel, launch: BLOCK_T for the grid (cdiv(B*S, BLOCK_T), 1))."""
     cfg = kernel.launch_config(tokens_hint, hc, hidden, dtype)
     consts = kernel_constants(cfg, hc, hidden, iters, hc_eps, rms_eps, split=False, n_split_p2=1)
-    return compile_ptx(kernel.mhc_boundary_kernel, kernel_signature(dtype), consts, cfg["num_warps"]), cfg
+    return compile_ptx(kernel.mhc_boundary_kernel, kernel_signature(dtype), consts, cfg["num_warps"],
+                       num_stages=cfg.get("num_stages")), cfg
 
 
 def register() -> None:
