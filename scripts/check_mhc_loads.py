@@ -4,7 +4,9 @@ plugin use (flash sizes: hidden 5120, 4 streams, bf16) and check what Triton's s
 copies into shared memory ahead of the channel loop: tiles of streams, y and fn (2-D), never
 per-row vectors (1-D). The rows' coefficients, loaded per chunk, were pipelined as 4-byte copies,
 24 of a thread's 37 copies per chunk, and the kernel took 635 us instead of 503 at 8,192 tokens
-(H200, docs/benchmarks.md). Needs Triton, not a GPU. Exit status 1 on a finding.
+(H200, docs/benchmarks.md). It also checks that the tensor-core projection's operand is R'
+converted once, not stream tiles (Triton recomputing R' in the operand's layout). Needs Triton,
+not a GPU. Exit status 1 on a finding.
 
     python scripts/check_mhc_loads.py
 """
@@ -26,7 +28,7 @@ def cases() -> dict:
     sig = trt.kernel_signature(bf16)
     out = {}
     paths = (("decode (1 token, channel splits)", 1, False, 256),
-             ("prefill (8,192 tokens, channel splits)", 8192, False, 2),
+             ("prefill (row blocks with channel splits)", 8192, False, 2),
              ("whole rows (the TensorRT plugin's blocks)", 1 << 20, True, 1))
     for name, tokens, whole_rows, n_split_p2 in paths:
         cfg = kernel.launch_config(tokens, hc, hidden, bf16)
@@ -38,7 +40,7 @@ def cases() -> dict:
 
 
 def check() -> list[str]:
-    from dsflash.plugins.aot import compile_kernel, pipelined_copies
+    from dsflash.plugins.aot import compile_kernel, operand_loads, pipelined_copies
     from dsflash.plugins.mhc_boundary.kernel import mhc_boundary_kernel
 
     problems = []
@@ -53,10 +55,18 @@ def check() -> list[str]:
         if vectors:
             problems.append(f"{name}: {len(vectors)} pipelined per-row vector loads, e.g. {vectors[0]}: "
                             "load row constants once, before the channel loop")
+        # the dot's A operand must be R' (fp32, converted once), never a stream tile (the stream
+        # dtype): that is Triton recomputing R' in the operand layout (568.8 against 408.1 us,
+        # H200, session 8)
+        recomputed = [o for o in operand_loads(ttgir) if o[2] == 0 and o[1] != "f32"]
+        if recomputed:
+            problems.append(f"{name}: {len(recomputed)} stream tiles loaded into the dot's operand layout, "
+                            f"e.g. {recomputed[0]}: R' is computed twice (see _computed_once)")
         if consts["BLOCK_T"] >= 16 and not tiles:
             problems.append(f"{name}: no pipelined tile loads found (the TTGIR pattern is out of date?)")
-        logging.info("%-40s %2d async copies: %d tiles %s, %d row vectors", name, len(copies), len(tiles),
-                     sorted({f"{'x'.join(map(str, s))} {e}" for s, e in tiles}), len(vectors))
+        logging.info("%-40s %2d async copies: %d tiles %s, %d row vectors, %d recomputed operands", name,
+                     len(copies), len(tiles), sorted({f"{'x'.join(map(str, s))} {e}" for s, e in tiles}),
+                     len(vectors), len(recomputed))
     return problems
 
 

@@ -226,6 +226,20 @@ def test_mhc_boundary_kernel(gen, dtype, b, s, c, e, n_split):
         assert all(torch.count_nonzero(counter) == 0 for _, _, counter in launcher._ws.values())
 
 
+@pytest.mark.parametrize("tokens, block_t, want", [
+    (1, 1, (1, 160)),        # decode: 160 chunks of 32 channels, one per program (2 x 132 > 160)
+    (64, 16, (3, 54)),       # 4 row blocks: 66 splits wanted, 54 splits of 3 chunks (no empty one)
+    (8192, 64, (160, 1)),    # 128 row blocks: one program per SM already, whole rows
+    (1024, 64, (20, 8)),     # 16 row blocks x 8 splits = 128 programs <= 132 SMs
+    (65, 64, (3, 54)),       # 2 row blocks: 132 // 2 = 66 splits wanted, 54 of 3 chunks
+])
+def test_mhc_channel_splits_cover_the_gpu_once_for_prefill(tokens, block_t, want):
+    per, n_split = mhc_kernel.channel_splits(tokens, -(-tokens // block_t), 160, 132)
+    assert (per, n_split) == want
+    assert (n_split - 1) * per < 160 <= n_split * per  # every split has chunks, all are covered
+    assert mhc_kernel.channel_splits(tokens, 1, 160, 132, n_split=1000) == (1, 160)  # capped by chunks
+
+
 def test_mhc_boundary_kernel_rejects_bad_input(gen):
     args = list(mhc_args(gen, 1, 2, 3, 16, torch.float32))
     with pytest.raises(ValueError, match="hc_mult 3"):

@@ -39,4 +39,15 @@ def test_mhc_boundary_pipelines_tiles_not_row_vectors():
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_mhc_loads.py")], env=env,
                          capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stderr.count("0 row vectors") == 3, run.stderr[-2000:]
+    assert run.stderr.count("0 row vectors, 0 recomputed operands") == 3, run.stderr[-2000:]
+
+
+def test_operand_loads_reads_dot_operand_loads_only():
+    from dsflash.plugins.aot import operand_loads
+
+    listing = """
+      %nf = ttg.local_load %a : !ttg.memdesc<64x32xf32, #s, #smem> -> tensor<64x32xf32, #ttg.dot_op<{opIdx = 0, parent = #mma, kWidth = 1}>>
+      %y = ttg.local_load %b token %t : !ttg.memdesc<64x32xbf16, #s, #smem, mutable> -> tensor<64x32xbf16, #blocked1>
+      %r = ttg.local_load %c token %t : !ttg.memdesc<64x32xbf16, #s, #smem, mutable> -> tensor<64x32xbf16, #ttg.dot_op<{opIdx = 0, parent = #mma, kWidth = 2}>>
+    """
+    assert operand_loads(listing) == [((64, 32), "f32", 0), ((64, 32), "bf16", 0)]

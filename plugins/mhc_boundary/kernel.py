@@ -314,16 +314,7 @@ class MhcBoundaryLauncher(LauncherBase):
             cfg["ONCE"] = False
         block_e, block_t = cfg["BLOCK_E"], cfg["BLOCK_T"]
         t_blocks = triton.cdiv(tokens, block_t)
-        if n_split is None:  # split channels only until the grid covers the GPU (decode: twice);
-            # prefill's row blocks run one program per SM (their shared memory), so more than
-            # SMs programs would run as a second, partial wave: rounded down
-            sms = self._sms(dev)
-            n_split = max(1, min(triton.cdiv(e, block_e),
-                                 triton.cdiv(2 * sms, t_blocks) if tokens <= 64 else sms // t_blocks))
-        n_split = min(n_split, 256)  # the merge reads every split's partials in one [NSP, MP] load
-        chunks = triton.cdiv(e, block_e)
-        per = triton.cdiv(chunks, n_split)  # chunks per split
-        n_split = triton.cdiv(chunks, per)
+        per, n_split = channel_splits(tokens, t_blocks, triton.cdiv(e, block_e), self._sms(dev), n_split)
         split = n_split > 1
         ws_acc, ws_sq, counter = self._workspace(dev, n_split * tokens if split else 1, cfg["MP"],
                                                  t_blocks if split else 1)
@@ -334,6 +325,19 @@ class MhcBoundaryLauncher(LauncherBase):
             ITERS=int(iters), HC_EPS=float(hc_eps), RMS_EPS=float(rms_eps), NSP=next_pow2(n_split),
             SPLIT=split, **cfg)
         return new, x, pre, post, comb
+
+
+def channel_splits(tokens: int, t_blocks: int, chunks: int, sms: int, n_split: int | None = None) -> tuple:
+    """(chunks per split, splits) for a grid of t_blocks row blocks: the channels are split only
+    until the grid covers the GPU, twice for decode (tokens <= 64). Prefill's row blocks run one
+    program per SM (their shared memory), so more than `sms` programs would run as a second,
+    partial wave: rounded down (8,192 tokens: whole rows). At most 256 splits (the merge reads
+    every split's partials in one [NSP, MP] load), and no empty split."""
+    if n_split is None:
+        want = triton.cdiv(2 * sms, t_blocks) if tokens <= 64 else sms // t_blocks
+        n_split = max(1, min(chunks, want))
+    per = triton.cdiv(chunks, min(n_split, 256))
+    return per, triton.cdiv(chunks, per)
 
 
 def launch_config(tokens: int, hc: int, hidden: int, dtype: torch.dtype) -> dict:
