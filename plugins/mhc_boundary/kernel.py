@@ -79,6 +79,8 @@ def _normalise_rows(sumsq_x, t, tmask, x_ptr, nw_ptr, E: tl.constexpr, RMS_EPS: 
     thread group (w and x of 8K channels) held 252 registers across the whole kernel (ptxas,
     sm_90a), two programs per SM where the channel loop alone needs 167."""
     rstd_x = tl.rsqrt(sumsq_x / E + RMS_EPS)
+    # pipelined (3 stages): as a plain loop every tile waited out its load, in the tail where one
+    # program per SM is left (H200, 8,192 tokens, session 8: 469 -> 453 us)
     for e0 in tl.range(0, E, NORM_E, num_stages=3):
         e = e0 + tl.arange(0, NORM_E)
         m2 = tmask[:, None] & (e < E)[None, :]
