@@ -45,9 +45,10 @@ def test_mhc_boundary_pipelines_tiles_not_row_vectors():
 def test_operand_loads_reads_dot_operand_loads_only():
     from dsflash.plugins.aot import operand_loads
 
+    # shortened lines of a real listing (the memory descriptors and parents cut)
     listing = """
-      %nf = ttg.local_load %a : !ttg.memdesc<64x32xf32, #s, #smem> -> tensor<64x32xf32, #ttg.dot_op<{opIdx = 0, parent = #mma, kWidth = 1}>>
-      %y = ttg.local_load %b token %t : !ttg.memdesc<64x32xbf16, #s, #smem, mutable> -> tensor<64x32xbf16, #blocked1>
-      %r = ttg.local_load %c token %t : !ttg.memdesc<64x32xbf16, #s, #smem, mutable> -> tensor<64x32xbf16, #ttg.dot_op<{opIdx = 0, parent = #mma, kWidth = 2}>>
+      %nf = ttg.local_load %a : !m -> tensor<64x32xf32, #ttg.dot_op<{opIdx = 0, parent = #mma}>>
+      %y = ttg.local_load %b token %t : !m -> tensor<64x32xbf16, #blocked1>
+      %r = ttg.local_load %c token %t : !m -> tensor<64x32xbf16, #ttg.dot_op<{opIdx = 0, kWidth = 2}>>
     """
     assert operand_loads(listing) == [((64, 32), "f32", 0), ((64, 32), "bf16", 0)]
