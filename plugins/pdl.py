@@ -77,8 +77,9 @@ def pdl_kernel_specs() -> dict:
     index_consts = {"I": 32, "J": 128} | constants(index.launch_config(32, 128, bf16))
     fp4_sig = {k: v for k, v in index_sig.items() if k != "k_ptr"} | {"codes_ptr": "*u8", "exps_ptr": "*i8"}
     topk_sig = {"scores_ptr": "*fp32", "N": "i32", "k": "i32", "hist": "*i32", "state": "*i64",
-                "counter": "*i32", "prog_hist": "*i32", "sel": "*u64", "vals_ptr": "*fp32",
-                "idx_ptr": "*i64"}
+                "counter": "*i32", "prog_hist": "*i32"}
+    rank_sig = {"scores_ptr": "*fp32", "N": "i32", "k": "i32", "hist": "*i32", "counter": "*i32",
+                "sel": "*u64", "vals_ptr": "*fp32", "idx_ptr": "*i64"}
     attn_cfg = constants(attention.launch_config(64, 512, bf16))
     return {
         "index": (index.csa2_index_score_kernel, index_sig, index_consts),
@@ -86,10 +87,14 @@ def pdl_kernel_specs() -> dict:
         "index_fp4_mma": (fp4_mma.csa2_index_score_fp4_mma_kernel, fp4_sig,
                           {"I": 32, "J": 128, "JP": 128, "BLOCK_N": 64, "BLOCKS": 4, "ASM": True}),
         "topk_digit_pass": (topk.radix_digit_pass_kernel, topk_sig,
-                            {"SHIFT": 8, "BITS": 8, "PASS": 2, "FIRST": False, "LAST": False, "CHUNK": 512,
-                             "HIST_BINS": 256, "SLOTS": 6}),
-        "topk_select": (topk.radix_select_kernel, topk_sig,
-                        {"CHUNK": 512, "KP": 512, "PP": 256, "LAST_BITS": 8, "SLOTS": 6, "ALLOC": 4}),
+                            {"SHIFT": 8, "BITS": 8, "PASS": 2, "PREV_BITS": 8, "LAST": False, "CHUNK": 512,
+                             "HIST_BINS": 256, "PASSES": 4, "COPIES": 1}),
+        "topk_select": (topk.radix_select_kernel, topk_sig | {"sel": "*u64"},
+                        {"CHUNK": 512, "KP": 512, "PP": 256, "LAST_BITS": 8, "HIST_BINS": 256, "PASSES": 4,
+                         "COPIES": 1}),
+        "topk_rank": (topk.radix_rank_kernel, rank_sig,
+                      {"KP": 512, "RANK_BLOCK": 16, "CMP_BLOCK": 256, "HIST_BINS": 256, "PASSES": 4,
+                       "COPIES": 1}),
         "attention_split": (attention.csa2_sparse_attention_kernel, attention_trt.kernel_signature(bf16),
                             {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True} | attn_cfg),
         "attention_combine": (attention.csa2_attention_combine_kernel,

@@ -280,14 +280,35 @@ def test_stable_topk_rejects_bad_digit_schedules(digits):
         launcher(*_dev(torch.rand(1, 100)), 4)
 
 
+@pytest.mark.parametrize("over", [{"HIST_COPIES": 4, "RANK_BLOCK": 4, "CMP_BLOCK": 64},
+                                  {"HIST_COPIES": 2, "RANK_BLOCK": 64, "CMP_BLOCK": 16}])
+def test_stable_topk_launch_settings_are_exact(gen, over):
+    """The sweep's settings give the same bits: histograms spread over copies, small and large
+    rank blocks and compare steps (several of each per row)."""
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
+    from dsflash.plugins.stable_topk import reference as topk_ref
+
+    scores = torch.relu(torch.randn(2, 1500, generator=gen)).round(decimals=1)
+    scores[1, 10:20] = float("-inf")
+    launcher = topk_kernel.StableTopkLauncher(overrides=over | {"CHUNK": 128})
+    for k in (300, 7):
+        want_v, want_i = topk_ref.stable_topk(scores, k)
+        got_v, got_i = launcher(*_dev(scores), k)
+        assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
+        for ws in launcher._ws.values():
+            assert torch.count_nonzero(ws["counter"]) == 0 and torch.count_nonzero(ws["hist"]) == 0
+
+
 @pytest.mark.parametrize("rows,n,k,chunk", [(3, 50, 4, None), (2, 300, 8, 64), (1, 1000, 16, 128), (2, 5, 8, None),
-                                            (1, 3000, 100, 256), (2, 700, 1, 128), (1, 64, 64, 16)])
+                                            (1, 3000, 100, 256), (2, 700, 1, 128), (1, 64, 64, 16),
+                                            (2, 2000, 600, 256)])
 @pytest.mark.parametrize("digits", [None, (11, 11, 10), (5, 9, 7, 11)])
 def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk, digits):
     """Same indices and values as the stable sort, bit for bit: ties (ReLU zeros, rounded
     values) to the lower index across chunks, -inf / +inf, k > N, k = 1, k = N, several chunks,
-    twice on one launcher (its histograms and counters must clear), for the default digit
-    schedule and two others (fewer, wider passes; uneven widths)."""
+    k over the rank pass's 256-key compare step, twice on one launcher (its histograms and
+    counters must clear), for the default digit schedule and two others (fewer, wider passes;
+    uneven widths)."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 

@@ -1,16 +1,25 @@
 """Stable top-k as a radix select over all SMs (decode sizes: a few rows of up to ~1M scores,
-k up to 8192), in one launch per digit pass plus a select launch, each reading the scores once.
+k up to 8192): one launch per digit pass, a select launch and a rank launch, none of whose
+programs waits for another.
 
 Each score maps to an order-preserving 32-bit key (after clamping +-inf to the largest finite
 values, as the reference sorts). The digit passes find V, the key of the k-th best entry, a few
 bits at a time (DIGITS: 8 + 8 + 8 + 8 by default): every program histograms the digit of its
 entries still in play (the higher bits equal the prefix found so far) with tl.histogram and adds
-it into the row's histogram with atomics; the last program of the row (a counter) picks the
-digit that holds the k-th entry, narrows the prefix and clears the histogram. The select pass
-then writes every entry above V and the first (k - #above) entries equal to V in index order
-(the last pass's per-program counts give each program how many equal entries come before its
-chunk); its last program sorts the k selected by (key, then lower index) and writes indices
-and values. That is the reference's stable order exactly.
+it into the pass's own row histogram with relaxed atomics. The launch after reads that finished
+histogram in every program and picks the digit that holds the k-th entry itself (a cumsum over
+256 bins, while its scores load), so no program ends a pass by waiting on a counter for the
+others. The select pass then writes every entry above V and the first (k - #above) entries
+equal to V in index order (the last pass's per-program counts give each program how many equal
+entries come before its chunk), unsorted; the rank pass puts each at its place, the count of
+selected keys (key, then lower index: unique) above it, and writes indices and values. That is
+the reference's stable order exactly. The rank pass also clears the histograms and the slot
+counter for the next call (CUDA-graph replay).
+
+Before (session 8, H200 ncu at 128K): each digit pass ended with acq_rel atomics and a counter
+whose last program picked the digit (5.4-6.8 us per pass under ncu), and the select pass's last
+program sorted the k keys with tl.sort (9.2 us, SM active 7.1K of 18.2K cycles: the rest was
+that one program's sort).
 
 Measured and dropped (H200, 2026-12-03): an early finish that, once at most a few hundred
 entries were left in play after a digit pass, had the next pass append them to a buffer and its
@@ -79,21 +88,46 @@ def _chunk_keys(scores_ptr, N, CHUNK: tl.constexpr):
 
 
 @triton.jit
+def _narrowed(hist, state, row, PREV: tl.constexpr, PREV_BITS: tl.constexpr, HIST_BINS: tl.constexpr,
+              PASSES: tl.constexpr, COPIES: tl.constexpr):
+    """(prefix, k_rem) after pass PREV: pass PREV's state (the prefix and count it started from)
+    narrowed by the digit its finished histogram holds the k_rem-th best entry in. Every program
+    of the next launch derives it itself: no program has to wait for the others to finish."""
+    prefix = tl.load(state + (row * PASSES + PREV) * 2, cache_modifier=".cg")
+    k_rem = tl.load(state + (row * PASSES + PREV) * 2 + 1, cache_modifier=".cg")
+    b = tl.arange(0, 1 << PREV_BITS)
+    c = tl.arange(0, COPIES)
+    tot = tl.sum(tl.load(hist + ((row * PASSES + PREV) * COPIES + c[:, None]) * HIST_BINS + b[None, :],
+                         cache_modifier=".cg"), axis=0)
+    at_or_above = tl.sum(tot, axis=0) - tl.cumsum(tot, axis=0) + tot  # entries with digit >= b
+    above = at_or_above - tot
+    pick = (above < k_rem) & (at_or_above >= k_rem)
+    d = tl.max(tl.where(pick, b, -1), axis=0)
+    above_d = tl.sum(tl.where(b == d, above, 0), axis=0)
+    return (prefix << PREV_BITS) | d.to(tl.int64), k_rem - above_d.to(tl.int64)
+
+
+@triton.jit
 def radix_digit_pass_kernel(scores_ptr, N, k, hist, state, counter, prog_hist,
                             SHIFT: tl.constexpr, BITS: tl.constexpr, PASS: tl.constexpr,
-                            FIRST: tl.constexpr, LAST: tl.constexpr, CHUNK: tl.constexpr,
-                            HIST_BINS: tl.constexpr, SLOTS: tl.constexpr, PDL: tl.constexpr = False):
-    """Grid (rows, chunks). state[row] = (prefix of V's key above SHIFT + BITS, entries of the
-    k best still to find among those in play). hist rows hold HIST_BINS (the widest digit's
-    bins); counter rows SLOTS (one per pass, then the select pass's two)."""
+                            PREV_BITS: tl.constexpr, LAST: tl.constexpr, CHUNK: tl.constexpr,
+                            HIST_BINS: tl.constexpr, PASSES: tl.constexpr, COPIES: tl.constexpr,
+                            PDL: tl.constexpr = False):
+    """Grid (rows, chunks). Histograms the digit at SHIFT of the entries still in play into
+    hist[row, PASS] (relaxed atomics: only their sum matters, and the next launch reads it after
+    this grid has finished). state[row, PASS] = (prefix of V's key above SHIFT + BITS, entries of
+    the k best still to find among those in play), written by the row's first program for the
+    launches after. counter is unused here (one signature for every launch of the op)."""
     wait_for_earlier_grids(PDL)
     row, p, n_prog, n, ok, key = _chunk_keys(scores_ptr, N, CHUNK)
-    if FIRST:
+    if PASS == 0:
         prefix = tl.zeros([], dtype=tl.int64)
         k_rem = prefix + k  # (k may arrive as a constant: Triton specialises 1)
     else:
-        prefix = tl.load(state + row * 2)
-        k_rem = tl.load(state + row * 2 + 1)
+        prefix, k_rem = _narrowed(hist, state, row, PASS - 1, PREV_BITS, HIST_BINS, PASSES, COPIES)
+    if p == 0:
+        tl.store(state + (row * PASSES + PASS) * 2, prefix)
+        tl.store(state + (row * PASSES + PASS) * 2 + 1, k_rem)
     BINS: tl.constexpr = 1 << BITS
     play = ok & ((key >> (SHIFT + BITS)) == prefix)
     digit = ((key >> SHIFT) & (BINS - 1)).to(tl.int32)
@@ -101,32 +135,22 @@ def radix_digit_pass_kernel(scores_ptr, N, k, hist, state, counter, prog_hist,
     b = tl.arange(0, BINS)
     if LAST:  # per-program counts of the last digit, for the select pass's tie order
         tl.store(prog_hist + (row * n_prog + p) * BINS + b, h)
-    tl.atomic_add(hist + row * HIST_BINS + b, h, mask=h > 0)
-    tl.debug_barrier()  # every thread's adds are issued before the counter moves
-    done = tl.atomic_add(counter + row * SLOTS + PASS, 1)  # acq_rel at GPU scope
-    if done == n_prog - 1:  # the last program of the row picks the digit
-        tot = tl.load(hist + row * HIST_BINS + b, cache_modifier=".cg")
-        tl.store(hist + row * HIST_BINS + b, tl.zeros_like(tot))  # cleared for the next pass
-        tl.store(counter + row * SLOTS + PASS, 0)
-        at_or_above = tl.sum(tot, axis=0) - tl.cumsum(tot, axis=0) + tot  # entries with digit >= b
-        above = at_or_above - tot
-        pick = (above < k_rem) & (at_or_above >= k_rem)
-        d = tl.max(tl.where(pick, b, -1), axis=0)
-        above_d = tl.sum(tl.where(b == d, above, 0), axis=0)
-        tl.store(state + row * 2, (prefix << BITS) | d.to(tl.int64))
-        tl.store(state + row * 2 + 1, k_rem - above_d.to(tl.int64))
+    copy = p % COPIES  # programs spread over copies: fewer atomics on one hot bin's address
+    tl.atomic_add(hist + ((row * PASSES + PASS) * COPIES + copy) * HIST_BINS + b, h, mask=h > 0,
+                  sem="relaxed")
 
 
 @triton.jit
-def radix_select_kernel(scores_ptr, N, k, state, counter, prog_hist, sel, vals_ptr, idx_ptr,
+def radix_select_kernel(scores_ptr, N, k, hist, state, counter, prog_hist, sel,
                         CHUNK: tl.constexpr, KP: tl.constexpr, PP: tl.constexpr, LAST_BITS: tl.constexpr,
-                        SLOTS: tl.constexpr, ALLOC: tl.constexpr, PDL: tl.constexpr = False):
-    """Grid (rows, chunks): entries above V, then the first equal ones in index order, into sel;
-    the last program sorts the k keys (score key, then the reversed index) and emits them."""
+                        HIST_BINS: tl.constexpr, PASSES: tl.constexpr, COPIES: tl.constexpr,
+                        PDL: tl.constexpr = False):
+    """Grid (rows, chunks): V and the count of equal entries to take from the last digit pass's
+    histogram, then the entries above V (slots from a relaxed atomic counter) and the first equal
+    ones in index order into sel[row, :k], unsorted, as keys (score key, reversed index)."""
     wait_for_earlier_grids(PDL)
     row, p, n_prog, n, ok, key = _chunk_keys(scores_ptr, N, CHUNK)
-    v = tl.load(state + row * 2)
-    need_eq = tl.load(state + row * 2 + 1)
+    v, need_eq = _narrowed(hist, state, row, PASSES - 1, LAST_BITS, HIST_BINS, PASSES, COPIES)
     n_gt = k - need_eq
     gt = ok & (key > v)
     eq = ok & (key == v)
@@ -136,44 +160,66 @@ def radix_select_kernel(scores_ptr, N, k, state, counter, prog_hist, sel, vals_p
                      other=0)
     eq_rank = tl.sum(before, axis=0) + tl.cumsum(eq.to(tl.int32), axis=0) - 1
     take_eq = eq & (eq_rank < need_eq)
-    base = tl.atomic_add(counter + row * SLOTS + ALLOC, tl.sum(gt.to(tl.int32), axis=0))  # a run of slots
+    n_mine = tl.sum(gt.to(tl.int32), axis=0)
+    base = tl.atomic_add(counter + row, n_mine, mask=n_mine > 0, sem="relaxed")  # a run of slots
     gt_rank = base + tl.cumsum(gt.to(tl.int32), axis=0) - 1
     full = ((key << 32) | (0xFFFFFFFF - n.to(tl.int64))).to(tl.uint64)  # unique: best, then lowest index
     tl.store(sel + row * KP + gt_rank, full, mask=gt)
     tl.store(sel + row * KP + n_gt + eq_rank, full, mask=take_eq)
-    tl.debug_barrier()  # every thread's keys are written before the counter moves
-    done = tl.atomic_add(counter + row * SLOTS + ALLOC + 1, 1)  # acq_rel at GPU scope
-    if done == n_prog - 1:
-        kk = tl.arange(0, KP)
-        cand = tl.load(sel + row * KP + kk, mask=kk < k, other=0, cache_modifier=".cg")
-        top = tl.sort(cand, descending=True)  # padding (0) sorts below every real key
-        tl.store(counter + row * SLOTS + ALLOC, 0)  # cleared for the next launch
-        tl.store(counter + row * SLOTS + ALLOC + 1, 0)
-        index = (0xFFFFFFFF - (top & 0xFFFFFFFF)).to(tl.int64)
-        keep = kk < k
-        tl.store(idx_ptr + row * k + kk, index, mask=keep)
-        # values from the scores themselves (the keys hold the clamped ones), as the reference
-        tl.store(vals_ptr + row * k + kk, tl.load(scores_ptr + row * N + index, mask=keep, other=0.0),
-                 mask=keep)
+
+
+@triton.jit
+def radix_rank_kernel(scores_ptr, N, k, hist, counter, sel, vals_ptr, idx_ptr, KP: tl.constexpr,
+                      RANK_BLOCK: tl.constexpr, CMP_BLOCK: tl.constexpr, HIST_BINS: tl.constexpr,
+                      PASSES: tl.constexpr, COPIES: tl.constexpr, PDL: tl.constexpr = False):
+    """Grid (rows, KP / RANK_BLOCK): the place of each selected key in the output is the number of
+    selected keys above it (the keys are unique), counted against all k in CMP_BLOCK steps; then
+    index and value go to that place. Many programs counting replace one program sorting (a
+    4-warp bitonic tl.sort of 512 keys took most of the select launch's 9 us under ncu, H200
+    2026-12-03). The row's first program clears the histograms and the slot counter for the
+    next call: every launch that reads them has finished by now."""
+    wait_for_earlier_grids(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    r = p * RANK_BLOCK + tl.arange(0, RANK_BLOCK)
+    keep = r < k
+    mine = tl.load(sel + row * KP + r, mask=keep, other=0, cache_modifier=".cg")
+    rank = tl.zeros([RANK_BLOCK], dtype=tl.int32)
+    for c in tl.range(0, k, CMP_BLOCK):
+        j = c + tl.arange(0, CMP_BLOCK)
+        other = tl.load(sel + row * KP + j, mask=j < k, other=0, cache_modifier=".cg")  # 0: below every key
+        rank += tl.sum((other[None, :] > mine[:, None]).to(tl.int32), axis=1)
+    index = (0xFFFFFFFF - (mine & 0xFFFFFFFF)).to(tl.int64)
+    tl.store(idx_ptr + row * k + rank, index, mask=keep)
+    # values from the scores themselves (the keys hold the clamped ones), as the reference
+    tl.store(vals_ptr + row * k + rank, tl.load(scores_ptr + row * N + index, mask=keep, other=0.0),
+             mask=keep)
+    if p == 0:
+        b = tl.arange(0, HIST_BINS)
+        for i in tl.static_range(PASSES * COPIES):
+            tl.store(hist + (row * PASSES * COPIES + i) * HIST_BINS + b, tl.zeros_like(b))
+        tl.store(counter + row, 0)
 
 
 class StableTopkLauncher(LauncherBase):
-    """Holds the histograms, counters and selection buffers (self-clearing, so the launches
-    capture into a CUDA graph); one instance per device/stream, calls on it must not overlap.
-    Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K, PDL (False: plain launches)."""
+    """Holds the histograms, states, slot counters and selection buffers (self-clearing, so the
+    launches capture into a CUDA graph); one instance per device/stream, calls on it must not
+    overlap. Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K, HIST_COPIES (histogram copies
+    the programs of a pass spread their atomics over), RANK_BLOCK, CMP_BLOCK, PDL (False: plain
+    launches)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
 
-    def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
-        key = (device, passes)
+    def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple, copies: int) -> dict:
+        key = (device, passes, copies)
         ws = self._ws.get(key)
         if ws is None or ws["state"].shape[0] < rows or ws["prog_hist"].shape[1] < n_prog \
                 or ws["sel"].shape[1] < kp:
             rows, n_prog, kp = (max(rows, 1), max(n_prog, 1), max(kp, 1))
             bins = 1 << max(bits for _, bits in passes)
-            ws = {"hist": torch.zeros(rows, bins, dtype=torch.int32, device=device),
-                  "counter": torch.zeros(rows, len(passes) + 2, dtype=torch.int32, device=device),
-                  "state": torch.empty(rows, 2, dtype=torch.int64, device=device),
+            ws = {"hist": torch.zeros(rows, len(passes), copies, bins, dtype=torch.int32, device=device),
+                  "counter": torch.zeros(rows, dtype=torch.int32, device=device),
+                  "state": torch.empty(rows, len(passes), 2, dtype=torch.int64, device=device),
                   "prog_hist": torch.empty(rows, n_prog, 1 << passes[-1][1], dtype=torch.int32,
                                            device=device),
                   "sel": torch.empty(rows, kp, dtype=torch.uint64, device=device)}
@@ -204,19 +250,25 @@ class StableTopkLauncher(LauncherBase):
         flat = scores.contiguous().view(rows, n)
         vals = torch.empty(rows, k_out, dtype=torch.float32, device=scores.device)
         idx = torch.empty(rows, k_out, dtype=torch.int64, device=scores.device)
-        ws = self._workspace(scores.device, rows, n_prog, kp, passes)
+        copies = self._overrides.get("HIST_COPIES", 1)
+        ws = self._workspace(scores.device, rows, n_prog, kp, passes, copies)
         warps = self._overrides.get("num_warps", 4)
-        bins, slots = ws["hist"].shape[1], ws["counter"].shape[1]
-        pdl = pdl_launch_args(scores.device, self._overrides)
+        hist, state, counter = ws["hist"], ws["state"], ws["counter"]
+        common = dict(CHUNK=chunk, HIST_BINS=hist.shape[3], PASSES=len(passes), COPIES=copies, num_warps=warps,
+                      **pdl_launch_args(scores.device, self._overrides))
         for i, (shift, bits) in enumerate(passes):
             radix_digit_pass_kernel[(rows, n_prog)](
-                flat, n, k_out, ws["hist"], ws["state"], ws["counter"], ws["prog_hist"], SHIFT=shift,
-                BITS=bits, PASS=i, FIRST=i == 0, LAST=i == len(passes) - 1, CHUNK=chunk, HIST_BINS=bins,
-                SLOTS=slots, num_warps=warps, **pdl)
+                flat, n, k_out, hist, state, counter, ws["prog_hist"], SHIFT=shift, BITS=bits, PASS=i,
+                PREV_BITS=passes[i - 1][1] if i else 1, LAST=i == len(passes) - 1, **common)
         radix_select_kernel[(rows, n_prog)](
-            flat, n, k_out, ws["state"], ws["counter"], ws["prog_hist"], ws["sel"], vals, idx, CHUNK=chunk,
-            KP=kp, PP=next_pow2(n_prog), LAST_BITS=passes[-1][1], SLOTS=slots, ALLOC=len(passes),
-            num_warps=warps, **pdl)
+            flat, n, k_out, hist, state, counter, ws["prog_hist"], ws["sel"], KP=ws["sel"].shape[1],
+            PP=next_pow2(n_prog), LAST_BITS=passes[-1][1], **common)
+        rank_block = min(self._overrides.get("RANK_BLOCK", 16), kp)
+        cmp_block = min(self._overrides.get("CMP_BLOCK", 256), ws["sel"].shape[1])
+        common.pop("CHUNK")
+        radix_rank_kernel[(rows, triton.cdiv(k_out, rank_block))](
+            flat, n, k_out, hist, counter, ws["sel"], vals, idx, KP=ws["sel"].shape[1],
+            RANK_BLOCK=rank_block, CMP_BLOCK=cmp_block, **common)
         return vals.view(*lead, k_out), idx.view(*lead, k_out)
 
 
