@@ -237,8 +237,8 @@ def _sweep_attention(res: dict, gen) -> None:
 def _sweep_topk(res: dict, gen) -> None:
     scores = torch.relu(torch.randn(1, 131072, generator=gen)).cuda()  # ties at 0, as index scores
     want = stable_topk_reference(scores, TOPK)
-    configs = [{}, {"PDL": False}, {"DIGITS": (11, 11, 10)}, {"DIGITS": (11, 11, 10), "CHUNK": 1024},
-               {"DIGITS": (6, 6, 6, 7, 7)}, {"CHUNK": 1024}, {"num_warps": 8}]
+    configs = [{}, {"PDL": False}, {"DIGITS": (6, 6, 6, 7, 7)}, {"CHUNK": 1024}, {"num_warps": 2},
+               {"RANK_BLOCK": 8}, {"RANK_BLOCK": 16}, {"RANK_BLOCK": 4, "CMP_BLOCK": 512}]
     for over in configs:
         _sweep_one(res, f"topk n=131072 {over}", lambda over=over: StableTopkLauncher(overrides=over),
                    lambda f: f(scores, TOPK), want, 0.0, graph=True)

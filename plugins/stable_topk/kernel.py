@@ -19,7 +19,11 @@ counter for the next call (CUDA-graph replay).
 Before (session 8, H200 ncu at 128K): each digit pass ended with acq_rel atomics and a counter
 whose last program picked the digit (5.4-6.8 us per pass under ncu), and the select pass's last
 program sorted the k keys with tl.sort (9.2 us, SM active 7.1K of 18.2K cycles: the rest was
-that one program's sort).
+that one program's sort). Now (H200, 2026-12-03, graph replay, k = 512): 14.3 us at 128K and
+10.1 us at 4K against 22.1 and 19.0 us before, same run; ncu: 3.8-4.7 us per digit pass, 5.4 us
+select. Measured and dropped in the same sweep: spreading each pass's atomics over 2-16 copies
+of the histogram (the next launch sums them) against contention on the hot bins: 16.8-18.8 us
+against 15.0 us with one (atomics on a hot bin were not what the passes waited on).
 
 Measured and dropped (H200, 2026-12-03): an early finish that, once at most a few hundred
 entries were left in play after a digit pass, had the next pass append them to a buffer and its
@@ -89,16 +93,14 @@ def _chunk_keys(scores_ptr, N, CHUNK: tl.constexpr):
 
 @triton.jit
 def _narrowed(hist, state, row, PREV: tl.constexpr, PREV_BITS: tl.constexpr, HIST_BINS: tl.constexpr,
-              PASSES: tl.constexpr, COPIES: tl.constexpr):
+              PASSES: tl.constexpr):
     """(prefix, k_rem) after pass PREV: pass PREV's state (the prefix and count it started from)
     narrowed by the digit its finished histogram holds the k_rem-th best entry in. Every program
     of the next launch derives it itself: no program has to wait for the others to finish."""
     prefix = tl.load(state + (row * PASSES + PREV) * 2, cache_modifier=".cg")
     k_rem = tl.load(state + (row * PASSES + PREV) * 2 + 1, cache_modifier=".cg")
     b = tl.arange(0, 1 << PREV_BITS)
-    c = tl.arange(0, COPIES)
-    tot = tl.sum(tl.load(hist + ((row * PASSES + PREV) * COPIES + c[:, None]) * HIST_BINS + b[None, :],
-                         cache_modifier=".cg"), axis=0)
+    tot = tl.load(hist + (row * PASSES + PREV) * HIST_BINS + b, cache_modifier=".cg")
     at_or_above = tl.sum(tot, axis=0) - tl.cumsum(tot, axis=0) + tot  # entries with digit >= b
     above = at_or_above - tot
     pick = (above < k_rem) & (at_or_above >= k_rem)
@@ -111,8 +113,7 @@ def _narrowed(hist, state, row, PREV: tl.constexpr, PREV_BITS: tl.constexpr, HIS
 def radix_digit_pass_kernel(scores_ptr, N, k, hist, state, counter, prog_hist,
                             SHIFT: tl.constexpr, BITS: tl.constexpr, PASS: tl.constexpr,
                             PREV_BITS: tl.constexpr, LAST: tl.constexpr, CHUNK: tl.constexpr,
-                            HIST_BINS: tl.constexpr, PASSES: tl.constexpr, COPIES: tl.constexpr,
-                            PDL: tl.constexpr = False):
+                            HIST_BINS: tl.constexpr, PASSES: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (rows, chunks). Histograms the digit at SHIFT of the entries still in play into
     hist[row, PASS] (relaxed atomics: only their sum matters, and the next launch reads it after
     this grid has finished). state[row, PASS] = (prefix of V's key above SHIFT + BITS, entries of
@@ -124,7 +125,7 @@ def radix_digit_pass_kernel(scores_ptr, N, k, hist, state, counter, prog_hist,
         prefix = tl.zeros([], dtype=tl.int64)
         k_rem = prefix + k  # (k may arrive as a constant: Triton specialises 1)
     else:
-        prefix, k_rem = _narrowed(hist, state, row, PASS - 1, PREV_BITS, HIST_BINS, PASSES, COPIES)
+        prefix, k_rem = _narrowed(hist, state, row, PASS - 1, PREV_BITS, HIST_BINS, PASSES)
     if p == 0:
         tl.store(state + (row * PASSES + PASS) * 2, prefix)
         tl.store(state + (row * PASSES + PASS) * 2 + 1, k_rem)
@@ -135,22 +136,19 @@ def radix_digit_pass_kernel(scores_ptr, N, k, hist, state, counter, prog_hist,
     b = tl.arange(0, BINS)
     if LAST:  # per-program counts of the last digit, for the select pass's tie order
         tl.store(prog_hist + (row * n_prog + p) * BINS + b, h)
-    copy = p % COPIES  # programs spread over copies: fewer atomics on one hot bin's address
-    tl.atomic_add(hist + ((row * PASSES + PASS) * COPIES + copy) * HIST_BINS + b, h, mask=h > 0,
-                  sem="relaxed")
+    tl.atomic_add(hist + (row * PASSES + PASS) * HIST_BINS + b, h, mask=h > 0, sem="relaxed")
 
 
 @triton.jit
 def radix_select_kernel(scores_ptr, N, k, hist, state, counter, prog_hist, sel,
                         CHUNK: tl.constexpr, KP: tl.constexpr, PP: tl.constexpr, LAST_BITS: tl.constexpr,
-                        HIST_BINS: tl.constexpr, PASSES: tl.constexpr, COPIES: tl.constexpr,
-                        PDL: tl.constexpr = False):
+                        HIST_BINS: tl.constexpr, PASSES: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (rows, chunks): V and the count of equal entries to take from the last digit pass's
     histogram, then the entries above V (slots from a relaxed atomic counter) and the first equal
     ones in index order into sel[row, :k], unsorted, as keys (score key, reversed index)."""
     wait_for_earlier_grids(PDL)
     row, p, n_prog, n, ok, key = _chunk_keys(scores_ptr, N, CHUNK)
-    v, need_eq = _narrowed(hist, state, row, PASSES - 1, LAST_BITS, HIST_BINS, PASSES, COPIES)
+    v, need_eq = _narrowed(hist, state, row, PASSES - 1, LAST_BITS, HIST_BINS, PASSES)
     n_gt = k - need_eq
     gt = ok & (key > v)
     eq = ok & (key == v)
@@ -171,7 +169,7 @@ def radix_select_kernel(scores_ptr, N, k, hist, state, counter, prog_hist, sel,
 @triton.jit
 def radix_rank_kernel(scores_ptr, N, k, hist, counter, sel, vals_ptr, idx_ptr, KP: tl.constexpr,
                       RANK_BLOCK: tl.constexpr, CMP_BLOCK: tl.constexpr, HIST_BINS: tl.constexpr,
-                      PASSES: tl.constexpr, COPIES: tl.constexpr, PDL: tl.constexpr = False):
+                      PASSES: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (rows, KP / RANK_BLOCK): the place of each selected key in the output is the number of
     selected keys above it (the keys are unique), counted against all k in CMP_BLOCK steps; then
     index and value go to that place. Many programs counting replace one program sorting (a
@@ -196,28 +194,27 @@ def radix_rank_kernel(scores_ptr, N, k, hist, counter, sel, vals_ptr, idx_ptr, K
              mask=keep)
     if p == 0:
         b = tl.arange(0, HIST_BINS)
-        for i in tl.static_range(PASSES * COPIES):
-            tl.store(hist + (row * PASSES * COPIES + i) * HIST_BINS + b, tl.zeros_like(b))
+        for i in tl.static_range(PASSES):
+            tl.store(hist + (row * PASSES + i) * HIST_BINS + b, tl.zeros_like(b))
         tl.store(counter + row, 0)
 
 
 class StableTopkLauncher(LauncherBase):
     """Holds the histograms, states, slot counters and selection buffers (self-clearing, so the
     launches capture into a CUDA graph); one instance per device/stream, calls on it must not
-    overlap. Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K, HIST_COPIES (histogram copies
-    the programs of a pass spread their atomics over), RANK_BLOCK, CMP_BLOCK, PDL (False: plain
-    launches)."""
+    overlap. Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K, RANK_BLOCK, CMP_BLOCK, PDL
+    (False: plain launches)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
 
-    def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple, copies: int) -> dict:
-        key = (device, passes, copies)
+    def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
+        key = (device, passes)
         ws = self._ws.get(key)
         if ws is None or ws["state"].shape[0] < rows or ws["prog_hist"].shape[1] < n_prog \
                 or ws["sel"].shape[1] < kp:
             rows, n_prog, kp = (max(rows, 1), max(n_prog, 1), max(kp, 1))
             bins = 1 << max(bits for _, bits in passes)
-            ws = {"hist": torch.zeros(rows, len(passes), copies, bins, dtype=torch.int32, device=device),
+            ws = {"hist": torch.zeros(rows, len(passes), bins, dtype=torch.int32, device=device),
                   "counter": torch.zeros(rows, dtype=torch.int32, device=device),
                   "state": torch.empty(rows, len(passes), 2, dtype=torch.int64, device=device),
                   "prog_hist": torch.empty(rows, n_prog, 1 << passes[-1][1], dtype=torch.int32,
@@ -250,11 +247,10 @@ class StableTopkLauncher(LauncherBase):
         flat = scores.contiguous().view(rows, n)
         vals = torch.empty(rows, k_out, dtype=torch.float32, device=scores.device)
         idx = torch.empty(rows, k_out, dtype=torch.int64, device=scores.device)
-        copies = self._overrides.get("HIST_COPIES", 1)
-        ws = self._workspace(scores.device, rows, n_prog, kp, passes, copies)
+        ws = self._workspace(scores.device, rows, n_prog, kp, passes)
         warps = self._overrides.get("num_warps", 4)
         hist, state, counter = ws["hist"], ws["state"], ws["counter"]
-        common = dict(CHUNK=chunk, HIST_BINS=hist.shape[3], PASSES=len(passes), COPIES=copies, num_warps=warps,
+        common = dict(CHUNK=chunk, HIST_BINS=hist.shape[2], PASSES=len(passes), num_warps=warps,
                       **pdl_launch_args(scores.device, self._overrides))
         for i, (shift, bits) in enumerate(passes):
             radix_digit_pass_kernel[(rows, n_prog)](
@@ -263,7 +259,8 @@ class StableTopkLauncher(LauncherBase):
         radix_select_kernel[(rows, n_prog)](
             flat, n, k_out, hist, state, counter, ws["prog_hist"], ws["sel"], KP=ws["sel"].shape[1],
             PP=next_pow2(n_prog), LAST_BITS=passes[-1][1], **common)
-        rank_block = min(self._overrides.get("RANK_BLOCK", 16), kp)
+        # 4 keys per rank program (H200 at 128K: 14.3 us; 8 keys 14.8, 16 keys 15.0, 32 keys 16.0)
+        rank_block = min(self._overrides.get("RANK_BLOCK", 4), kp)
         cmp_block = min(self._overrides.get("CMP_BLOCK", 256), ws["sel"].shape[1])
         common.pop("CHUNK")
         radix_rank_kernel[(rows, triton.cdiv(k_out, rank_block))](
