@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import math
+import statistics
 import time
 from pathlib import Path
 
@@ -49,18 +50,28 @@ def time_ms(fn, graph: bool = False) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def time_cold_ms(fn) -> float:
-    """Median milliseconds of fn captured once as a CUDA graph and replayed after the L2 cache is
-    overwritten (triton's do_bench writes a 256 MB buffer before every call): what a decode layer
-    sees when the layers before it have evicted its caches. do_bench_cudagraph replays fn back to
-    back instead, so a working set under the H200's 50 MB L2 (the index keys up to 128K entries,
-    32 MB) is read from L2 there."""
+def time_cold_ms(fn, reps: int = 50) -> float:
+    """Median milliseconds of fn captured once as a CUDA graph and replayed after a 256 MB read has
+    replaced the L2 cache's contents: what a decode layer sees when the layers before it have
+    evicted its caches. do_bench_cudagraph replays fn back to back instead, so a working set under
+    the H200's 50 MB L2 (the index keys up to 128K entries, 32 MB) is read from L2 there. The flush
+    reads rather than writes (triton's do_bench zero-fills a buffer): a write leaves up to 50 MB
+    of dirty lines that the timed kernels then pay to write back (H200, 2026-12-03: the index
+    kernel at 128K took 19.1 us after do_bench's zero-fill against 9.3 us warm)."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
+    flush = torch.ones(64 << 20, dtype=torch.float32, device="cuda")  # 256 MB
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        flush.sum()  # the GPU reads 256 MB while the host queues the replay: no launch gap
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
 def ceilings(quick: bool) -> dict:
