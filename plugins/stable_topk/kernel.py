@@ -170,7 +170,7 @@ def radix_select_kernel(scores_ptr, N, k, hist, state, counter, prog_hist, sel,
 def radix_rank_kernel(scores_ptr, N, k, hist, counter, sel, vals_ptr, idx_ptr, KP: tl.constexpr,
                       RANK_BLOCK: tl.constexpr, CMP_BLOCK: tl.constexpr, HIST_BINS: tl.constexpr,
                       PASSES: tl.constexpr, PDL: tl.constexpr = False):
-    """Grid (rows, KP / RANK_BLOCK): the place of each selected key in the output is the number of
+    """Grid (rows, k / RANK_BLOCK): the place of each selected key in the output is the number of
     selected keys above it (the keys are unique), counted against all k in CMP_BLOCK steps; then
     index and value go to that place. Many programs counting replace one program sorting (a
     4-warp bitonic tl.sort of 512 keys took most of the select launch's 9 us under ncu, H200
@@ -238,10 +238,13 @@ class StableTopkLauncher(LauncherBase):
                     torch.empty(*lead, 0, dtype=torch.int64, device=scores.device))
         kp = next_pow2(k_out)
         if kp > self._overrides.get("MAX_K", 8192) or n >= 2**31:
-            return stable_topk_reference(scores, k)  # more than one program sorts, or 32-bit indices
+            # the rank pass compares every selected key with every other (k^2), and keys pack
+            # 32-bit indices: past those, the sort
+            return stable_topk_reference(scores, k)
         passes = digit_passes(tuple(self._overrides.get("DIGITS", DIGITS)))
-        # 512-entry chunks (H200 sweep at 128K: 23.7 us; 1K 25.4, 2K 28.8); they grow past that for
-        # very long rows, so a row has at most MAX_PROGRAMS
+        # 512-entry chunks (H200 at 128K: 14.3 us, 1K 15.4 in session 9; 23.7 / 25.4 / 28.8 us for
+        # 512 / 1K / 2K before the rank pass); they grow for very long rows, so a row has at most
+        # MAX_PROGRAMS
         chunk = max(self._overrides.get("CHUNK", 512), next_pow2(triton.cdiv(n, self.MAX_PROGRAMS)))
         n_prog = triton.cdiv(n, chunk)
         flat = scores.contiguous().view(rows, n)
