@@ -83,6 +83,8 @@ def pdl_kernel_specs() -> dict:
     attn_cfg = constants(attention.launch_config(64, 512, bf16))
     return {
         "index": (index.csa2_index_score_kernel, index_sig, index_consts),
+        "index_pipelined": (index.csa2_index_score_kernel, index_sig,
+                            index_consts | {"BLOCK_N": 128, "BLOCKS": 4, "STAGES": 3}),
         "index_fp4": (index.csa2_index_score_fp4_kernel, fp4_sig, index_consts),
         "index_fp4_mma": (fp4_mma.csa2_index_score_fp4_mma_kernel, fp4_sig,
                           {"I": 32, "J": 128, "JP": 128, "BLOCK_N": 64, "BLOCKS": 4, "ASM": True}),

@@ -50,14 +50,20 @@ def time_ms(fn, graph: bool = False) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def time_cold_ms(fn, reps: int = 50) -> float:
+def time_cold_ms(fn, reps: int = 50, cold: bool = True) -> float:
     """Median milliseconds of fn captured once as a CUDA graph and replayed after a 256 MB read has
     replaced the L2 cache's contents: what a decode layer sees when the layers before it have
     evicted its caches. do_bench_cudagraph replays fn back to back instead, so a working set under
     the H200's 50 MB L2 (the index keys up to 128K entries, 32 MB) is read from L2 there. The flush
     reads rather than writes (triton's do_bench zero-fills a buffer): a write leaves up to 50 MB
     of dirty lines that the timed kernels then pay to write back (H200, 2026-12-03: the index
-    kernel at 128K took 19.1 us after do_bench's zero-fill against 9.3 us warm)."""
+    kernel at 128K took 19.1 us after do_bench's zero-fill against 9.3 us warm).
+
+    One replay timed alone between two events also pays what back-to-back replays hide (the
+    graph's start after the event): time_cold_ms(fn, cold=False) times the same single replay
+    after the GPU has spun ~100 us on nothing instead (fn's data stays in L2; the host has queued
+    the replay by then, as it has behind the flush), so the difference of the two is what reading
+    from HBM costs. (A 1 MB read before it was too short: the replay's host launch showed.)"""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -66,7 +72,10 @@ def time_cold_ms(fn, reps: int = 50) -> float:
     flush = torch.ones(64 << 20, dtype=torch.float32, device="cuda")  # 256 MB
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for start, end in events:
-        flush.sum()  # the GPU reads 256 MB while the host queues the replay: no launch gap
+        if cold:
+            flush.sum()  # the GPU reads 256 MB while the host queues the replay: no launch gap
+        else:
+            torch.cuda._sleep(200_000)  # ~100 us of spinning, nothing read
         start.record()
         graph.replay()
         end.record()
@@ -167,8 +176,12 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
     # the same with the L2 cache overwritten before each call (time_cold_ms): the index keys fit
     # in the H200's L2 up to 128K entries, so the back-to-back replays above read them from there
     out["layer_cold_us"] = 1e3 * time_cold_ms(layer)
+    out["layer_single_us"] = 1e3 * time_cold_ms(layer, cold=False)
     if kind != "reuse":
-        out["index_cold_us"] = 1e3 * time_cold_ms(lambda: index_kernel.csa2_index_score(iq, iw, ik, visible))
+        def index_only():
+            return index_kernel.csa2_index_score(iq, iw, ik, visible)
+        out["index_cold_us"] = 1e3 * time_cold_ms(index_only)
+        out["index_single_us"] = 1e3 * time_cold_ms(index_only, cold=False)
     out["attn_bytes"] = (TOPK + WINDOW) * (HEAD_DIM * 2 + 8) + 2 * HEADS * HEAD_DIM * 2
     if kind == "full" and ctx <= 32768:  # the eager reference of the same layer
         def eager():
@@ -210,9 +223,16 @@ def mhc_case(tokens: int, gen) -> dict:
 
 
 def _close(got, want, rel: float) -> bool:
-    """A sweep setting counts only if it computes the same thing as the default one."""
-    return all(torch.allclose(g.float(), w.float(), rtol=rel, atol=rel * w.float().abs().max().item())
-               for g, w in zip(got, want))
+    """A sweep setting counts only if it computes the same thing as the default one: the same
+    infinities (index scores of entries not visible) and close finite values."""
+    def same(g, w):
+        g, w = g.float(), w.float()
+        finite = torch.isfinite(w)
+        if not torch.equal(torch.isfinite(g), finite) or not torch.equal(g[~finite], w[~finite]):
+            return False
+        g, w = g[finite], w[finite]
+        return w.numel() == 0 or torch.allclose(g, w, rtol=rel, atol=rel * w.abs().max().item())
+    return all(same(g, w) for g, w in zip(got, want))
 
 
 def _sweep_one(res: dict, label: str, make, call, want, rel: float, graph: bool) -> None:
@@ -232,7 +252,7 @@ def _sweep_one(res: dict, label: str, make, call, want, rel: float, graph: bool)
         logging.info("sweep %s: %s", label, str(exc).splitlines()[0][:100])
 
 
-SWEEPS = ("attn", "topk", "fp4", "mhc")
+SWEEPS = ("attn", "topk", "index", "fp4", "mhc")
 
 
 def sweep(gen, parts: tuple = SWEEPS) -> dict:
@@ -241,7 +261,8 @@ def sweep(gen, parts: tuple = SWEEPS) -> dict:
     come from these runs."""
     res = {}
     for part in parts:
-        {"attn": _sweep_attention, "topk": _sweep_topk, "fp4": _sweep_index_fp4, "mhc": _sweep_mhc}[part](res, gen)
+        {"attn": _sweep_attention, "topk": _sweep_topk, "index": _sweep_index, "fp4": _sweep_index_fp4,
+         "mhc": _sweep_mhc}[part](res, gen)
     return res
 
 
@@ -272,6 +293,39 @@ def _sweep_topk(res: dict, gen) -> None:
     for over in configs:
         _sweep_one(res, f"topk n=131072 {over}", lambda over=over: StableTopkLauncher(overrides=over),
                    lambda f: f(scores, TOPK), want, 0.0, graph=True)
+
+
+def _sweep_index(res: dict, gen) -> None:
+    """bf16 index keys at 16K-128K entries, all visible (Full), and at 128K a 2,048 x 8 candidate
+    pool (Reindex): block size, blocks per program (a software-pipelined loop of STAGES), warps;
+    each timed back to back (keys in L2) and as one replay with L2 overwritten before it or not
+    (time_cold_ms: their difference is what reading the keys from HBM costs)."""
+    configs = [{}, {"BLOCK_N": 128, "num_warps": 8}]
+    configs += [{"BLOCK_N": bn, "BLOCKS": blocks, "STAGES": st, "num_warps": nw}
+                for bn, blocks, st, nw in ((64, 2, 2, 4), (64, 4, 2, 4), (64, 8, 3, 4), (128, 2, 2, 8),
+                                           (128, 2, 3, 8), (128, 4, 2, 8), (128, 4, 3, 8), (128, 4, 4, 8),
+                                           (256, 2, 2, 8), (256, 4, 3, 8))]
+    for n in (16384, 32768, 65536, 131072):
+        iq = torch.randn(1, 1, INDEX_HEADS, INDEX_DIM, generator=gen).to("cuda", BF16)
+        iw = torch.randn(1, 1, INDEX_HEADS, generator=gen).cuda()
+        ik = torch.randn(1, n, INDEX_DIM, generator=gen).to("cuda", BF16)
+        kinds = [("full", torch.ones(1, 1, n, dtype=torch.bool))]
+        if n == 131072:
+            pool = torch.zeros(n // CAND_BLOCK, CAND_BLOCK, dtype=torch.bool)
+            pool[torch.randperm(n // CAND_BLOCK, generator=gen)[:CAND_BLOCKS]] = True
+            kinds.append(("reindex", pool.view(1, 1, n)))
+        for kind, visible in kinds:
+            visible = visible.cuda()
+            want = (index_kernel.csa2_index_score(iq, iw, ik, visible),)
+            for over in configs:
+                label = f"index n={n} {kind} {over}"
+                def call(f, visible=visible, ik=ik, iq=iq, iw=iw):
+                    return index_kernel.csa2_index_score(iq, iw, ik, visible, overrides=f)
+                _sweep_one(res, label, lambda over=over: over, call, want, 1e-4, graph=True)
+                if not math.isnan(res.get(label, math.nan)):  # it fits and computes the same: also from HBM
+                    res[label + " cold"] = 1e3 * time_cold_ms(lambda over=over, call=call: call(over))
+                    res[label + " single"] = 1e3 * time_cold_ms(lambda over=over, call=call: call(over),
+                                                                cold=False)
 
 
 def _sweep_index_fp4(res: dict, gen) -> None:
@@ -399,10 +453,26 @@ def main() -> None:
     report(res)
     if args.sweep:
         res["sweep_us"] = sweep(gen)
-        for case in ("topk n=131072", "index fp4", "attn rows=1 ", "attn rows=64", "mhc tokens=1 ", "mhc tokens=8192"):
+        for case in ("topk n=131072", "index n=131072 full", "index n=131072 reindex", "index fp4",
+                     "attn rows=1 ", "attn rows=64", "mhc tokens=1 ", "mhc tokens=8192"):
             best = sorted((us, k) for k, us in res["sweep_us"].items() if k.startswith(case) and not math.isnan(us))[:3]
             logging.info("sweep best %s: %s", case, "; ".join(f"{us:.1f} us {k[len(case):]}" for us, k in best))
         (out / "bench.json").write_text(json.dumps(res, indent=1))
+
+
+def cold_summary(f: dict, ri: dict, ru: dict, roof: float, bw: float) -> str:
+    """One replay timed alone with L2 overwritten before it (cold) and with the data left in L2
+    (single): their difference is what reading from HBM adds to the back-to-back figure (time_cold_ms)."""
+    def hbm(d, what):
+        return d[f"{what}_us"] + d[f"{what}_cold_us"] - d[f"{what}_single_us"]
+    full, index = hbm(f, "layer"), hbm(f, "index")
+    cases = (("full", f, "layer"), ("index", f, "index"), ("reindex", ri, "layer"), ("reuse", ru, "layer"))
+    pairs = ", ".join(f"{name} {d[f'{what}_cold_us']:.1f} / {d[f'{what}_single_us']:.1f}"
+                      for name, d, what in cases)
+    index_frac = f["index_bytes"] / bw / 1e3 / index
+    return (f"one replay, L2 overwritten / not: {pairs}; from HBM (back to back + cold - single): full "
+            f"{full:.1f} ({roof / full:.2f}x), index {index:.1f} ({100 * index_frac:.0f}%), "
+            f"reindex {hbm(ri, 'layer'):.1f}, reuse {hbm(ru, 'layer'):.1f}")
 
 
 def report(res: dict) -> None:
@@ -427,9 +497,7 @@ def report(res: dict) -> None:
                      f"{f['layer_sort_us']:.1f}), torch.topk {f['torch_topk_us']:.1f} | index over FP4 "
                      f"keys {f['index_fp4_us']:.1f} ({100 * fp4_frac:.0f}% of its roofline; FP8 tensor cores "
                      f"{f['index_fp4_mma_us']:.1f}, decoding to bf16 {f['index_fp4_decode_us']:.1f}) | "
-                     f"L2 overwritten before each call: full {f['layer_cold_us']:.1f} ({roof / f['layer_cold_us']:.2f}x),"
-                     f" index {f['index_cold_us']:.1f} ({100 * f['index_bytes'] / bw / 1e3 / f['index_cold_us']:.0f}%),"
-                     f" reindex {ri['layer_cold_us']:.1f}, reuse {ru['layer_cold_us']:.1f}")
+                     + cold_summary(f, ri, ru, roof, bw))
     lines.append("Engram gather: case | HBM us, GB/s (% of gather ceiling) | eager us | pinned host GB/s")
     for label, h in res.get("engram", {}).get("hbm", {}).items():
         p = res["engram"]["pinned"][label]

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 
+import bench_kernels as bench
 import torch
 
-import bench_kernels as bench
 from dsflash.model.quant import fp4_pow2_pack
 from dsflash.plugins.csa2_index_score import kernel as index_kernel
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
@@ -32,6 +32,18 @@ def topk(n: int, gen):
     scores = torch.relu(torch.randn(1, n, generator=gen)).cuda()
     launcher = StableTopkLauncher()
     return lambda: launcher(scores, bench.TOPK)
+
+
+def index_args(n: int, gen):
+    iq = torch.randn(1, 1, bench.INDEX_HEADS, bench.INDEX_DIM, generator=gen).to("cuda", bench.BF16)
+    iw = torch.randn(1, 1, bench.INDEX_HEADS, generator=gen).cuda()
+    ik = torch.randn(1, n, bench.INDEX_DIM, generator=gen).to("cuda", bench.BF16)
+    return iq, iw, ik, torch.ones(1, 1, n, dtype=torch.bool, device="cuda")
+
+
+def index_bf16(n: int, gen):
+    args = index_args(n, gen)
+    return lambda: index_kernel.csa2_index_score(*args)
 
 
 def index_fp4(n: int, gen):
@@ -56,6 +68,7 @@ def attention(n: int, gen):
 CASES = {"mhc8192": lambda g: mhc(8192, g), "mhc1": lambda g: mhc(1, g),
          "mhc8192_split4": lambda g: mhc(8192, g, n_split=4),
          "topk131072": lambda g: topk(131072, g), "index_fp4_131072": lambda g: index_fp4(131072, g),
+         "index131072": lambda g: index_bf16(131072, g),
          "attn_decode": lambda g: attention(65536, g)}
 
 

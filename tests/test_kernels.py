@@ -80,6 +80,24 @@ def test_index_score_kernel(gen, dtype, b, s, i, j, n):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b,s,i,j,n,over", [
+    (2, 3, 3, 20, 150, {"BLOCKS": 3, "STAGES": 2, "BLOCK_N": 16}),  # the last program's blocks run past N
+    (1, 2, 40, 16, 100, {"BLOCKS": 2, "STAGES": 3, "BLOCK_N": 16, "BLOCK_I": 16})])  # 3 head groups
+def test_index_score_kernel_pipelined(gen, dtype, b, s, i, j, n, over):
+    """Several key blocks per program in a software-pipelined loop (BLOCKS > 1): the same scores,
+    invisible entries and whole invisible blocks included."""
+    q = torch.randn(b, s, i, j, generator=gen).to(dtype)
+    w = torch.randn(b, s, i, generator=gen)
+    k = torch.randn(b, n, j, generator=gen).to(dtype)
+    visible = torch.rand(b, s, n, generator=gen) > 0.3
+    visible[0, 0] = False
+    visible[-1, -1, 16:48] = False
+    args = (q, w, k, visible)
+    got = index_kernel.csa2_index_score(*_dev(*args), overrides=over)
+    assert_kernel_matches(got, index_ref.csa2_index_score, args, {}, dtype, "Csa2IndexScore(pipelined)")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("b,s,i,j,n", [(2, 3, 3, 32, 70), (1, 1, 17, 128, 130), (1, 2, 5, 96, 40)])
 def test_index_score_fp4_kernel(gen, dtype, b, s, i, j, n):
     """FP4 keys as stored (model/quant.py:fp4_pow2_pack): unpacking equals the model's QAT
@@ -321,3 +339,4 @@ def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk, digits):
         # counters and histograms are back at zero for the next call (CUDA-graph replay)
         for ws in launcher._ws.values():
             assert torch.count_nonzero(ws["counter"]) == 0 and torch.count_nonzero(ws["hist"]) == 0
+

@@ -68,8 +68,10 @@ def test_engram_gather_fp8_rows_and_pinned_host_table(gen):
         engram_kernel.engram_hash_gather(cids.cuda(), host.clone(), mult, primes, offsets, 3, 8)
 
 
-@pytest.mark.parametrize("s,n", [(1, 4099), (5, 16411), (130, 1000)])
+@pytest.mark.parametrize("s,n", [(1, 4099), (5, 16411), (130, 1000), (1, 131075)])
 def test_index_score_flash_sizes(gen, s, n):
+    """One block per program (4K, 16K) and the pipelined loop of four (130 rows, 128K entries:
+    pipelined_config), each with a ragged last block."""
     q = torch.randn(1, s, 32, 128, generator=gen).to(BF16)
     w = torch.randn(1, s, 32, generator=gen)
     k = torch.randn(1, n, 128, generator=gen).to(BF16)

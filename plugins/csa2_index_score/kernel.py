@@ -6,6 +6,8 @@ Grid: (B * S query rows, entry blocks of BLOCK_N). Each program loads one block 
 (fp32 accumulate; fp32 inputs use exact IEEE products, not tf32). A block with no visible entry
 (a Reindex layer's candidate pool leaves most blocks out) skips the key load and the products:
 the kernel then reads only the pooled keys, which is what makes hierarchical selection cheap.
+For long rows the JIT launch gives each program several blocks in a software-pipelined loop
+(pipelined_config), the next blocks' keys loading while one is multiplied.
 
 `csa2_index_score_fp4` reads the keys as the release stores them (FP4 e2m1 codes with one
 power-of-two scale per 32 channels, model/quant.py:fp4_pow2_pack; 68 B per 128-dim entry, not
@@ -31,23 +33,37 @@ from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
 
 
 @triton.jit
+def _head_group(q_ptr, w_ptr, b, s, S, i0, I: tl.constexpr, J: tl.constexpr, BLOCK_I: tl.constexpr,
+                BLOCK_J: tl.constexpr):
+    """Queries [BLOCK_I, BLOCK_J] and weights [BLOCK_I] (fp32) of heads i0 .. i0 + BLOCK_I."""
+    jj = tl.arange(0, BLOCK_J)
+    ii = i0 + tl.arange(0, BLOCK_I)
+    imask = ii < I
+    q = tl.load(q_ptr + ((b * S + s) * I + ii[:, None]) * J + jj[None, :],
+                mask=imask[:, None] & (jj < J)[None, :], other=0.0)
+    w = tl.load(w_ptr + (b * S + s) * I + ii, mask=imask, other=0.0).to(tl.float32)
+    return q, w
+
+
+@triton.jit
+def _group_scores(keys, q, w, IEEE: tl.constexpr):
+    """sum over one head group of w[i] relu(keys . q[i]): [BLOCK_N] in fp32, on the tensor cores."""
+    if IEEE:
+        dots = tl.dot(keys, tl.trans(q), input_precision="ieee")
+    else:
+        dots = tl.dot(keys, tl.trans(q))
+    return tl.sum(tl.maximum(dots, 0.0) * w[None, :], axis=1)
+
+
+@triton.jit
 def _block_scores(keys, q_ptr, w_ptr, b, s, S, I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr):
     """sum_i w[i] relu(keys . q[i]) for one block of keys [BLOCK_N, BLOCK_J], BLOCK_I heads at a
-    time on the tensor cores."""
-    jj = tl.arange(0, BLOCK_J)
+    time."""
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for i0 in tl.static_range(0, I, BLOCK_I):
-        ii = i0 + tl.arange(0, BLOCK_I)
-        imask = ii < I
-        q = tl.load(q_ptr + ((b * S + s) * I + ii[:, None]) * J + jj[None, :],
-                    mask=imask[:, None] & (jj < J)[None, :], other=0.0)
-        if IEEE:
-            dots = tl.dot(keys, tl.trans(q), input_precision="ieee")
-        else:
-            dots = tl.dot(keys, tl.trans(q))
-        w = tl.load(w_ptr + (b * S + s) * I + ii, mask=imask, other=0.0).to(tl.float32)
-        acc += tl.sum(tl.maximum(dots, 0.0) * w[None, :], axis=1)
+        q, w = _head_group(q_ptr, w_ptr, b, s, S, i0, I, J, BLOCK_I, BLOCK_J)
+        acc += _group_scores(keys, q, w, IEEE)
     return acc
 
 
@@ -67,16 +83,62 @@ def _entry_block(vis_ptr, S, N, BLOCK_N: tl.constexpr):
 def csa2_index_score_kernel(q_ptr, w_ptr, k_ptr, vis_ptr, S, N, out_ptr,
                             I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr,
-                            PDL: tl.constexpr = False):
+                            BLOCKS: tl.constexpr = 1, STAGES: tl.constexpr = 1, PDL: tl.constexpr = False):
     # TensorRT's AOT order (inputs, integer scalars, outputs); contiguous tensors, so strides
-    # follow from the sizes.
+    # follow from the sizes. Grid (B * S, cdiv(N, BLOCK_N * BLOCKS)).
     wait_for_earlier_grids(PDL)
-    b, s, n, nmask, vis = _entry_block(vis_ptr, S, N, BLOCK_N)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if tl.max(vis.to(tl.int32), axis=0) > 0:
-        jj = tl.arange(0, BLOCK_J)
-        keys = tl.load(k_ptr + (b * N + n[:, None]) * J + jj[None, :],
-                       mask=nmask[:, None] & (jj < J)[None, :], other=0.0)
+    if BLOCKS == 1:  # one block: skipped whole (keys unread, no products) when none is visible
+        b, s, n, nmask, vis = _entry_block(vis_ptr, S, N, BLOCK_N)
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        if tl.max(vis.to(tl.int32), axis=0) > 0:
+            jj = tl.arange(0, BLOCK_J)
+            keys = tl.load(k_ptr + (b * N + n[:, None]) * J + jj[None, :],
+                           mask=nmask[:, None] & (jj < J)[None, :], other=0.0)
+            acc = _block_scores(keys, q_ptr, w_ptr, b, s, S, I, J, BLOCK_N, BLOCK_I, BLOCK_J, IEEE)
+        tl.store(out_ptr + (b * S + s) * N + n, tl.where(vis, acc, float("-inf")), mask=nmask)
+    else:
+        # BLOCKS consecutive blocks in a software-pipelined loop: the loads of the next STAGES - 1
+        # blocks are in flight while one block is multiplied, which a one-block program cannot
+        # do (it loads, then waits, then computes).
+        b, s, q, w = _row_queries(q_ptr, w_ptr, S, I, J, BLOCK_I, BLOCK_J)
+        first = tl.program_id(1) * BLOCKS * BLOCK_N
+        for blk in tl.range(0, BLOCKS, num_stages=STAGES):
+            n = first + blk * BLOCK_N + tl.arange(0, BLOCK_N)
+            _stored_block_scores(q_ptr, w_ptr, k_ptr, vis_ptr, out_ptr, b, s, S, N, q, w, n, I, J, BLOCK_N,
+                                 BLOCK_I, BLOCK_J, IEEE)
+
+
+@triton.jit
+def _row_queries(q_ptr, w_ptr, S, I: tl.constexpr, J: tl.constexpr, BLOCK_I: tl.constexpr,
+                 BLOCK_J: tl.constexpr):
+    """Grid (B * S query rows, ...): the row's batch and position, and with one head group (the
+    release: 32 heads) its queries and weights, loaded once for all of a program's blocks
+    (0.0 placeholders otherwise: each block then loads its head groups)."""
+    row = tl.program_id(0).to(tl.int64)
+    b = row // S
+    s = row % S
+    if I <= BLOCK_I:
+        q, w = _head_group(q_ptr, w_ptr, b, s, S, 0, I, J, BLOCK_I, BLOCK_J)
+    else:
+        q, w = 0.0, 0.0
+    return b, s, q, w
+
+
+@triton.jit
+def _stored_block_scores(q_ptr, w_ptr, k_ptr, vis_ptr, out_ptr, b, s, S, N, q, w, n, I: tl.constexpr,
+                         J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr,
+                         IEEE: tl.constexpr):
+    """Scores of entries n (one block) stored: -inf where not visible. Keys of entries not
+    visible stay unread (masked lanes issue no memory requests), so a Reindex layer reads only
+    its pool."""
+    jj = tl.arange(0, BLOCK_J)
+    nmask = n < N
+    vis = tl.load(vis_ptr + (b * S + s) * N + n, mask=nmask, other=0) != 0
+    keys = tl.load(k_ptr + (b * N + n[:, None]) * J + jj[None, :],
+                   mask=(nmask & vis)[:, None] & (jj < J)[None, :], other=0.0)
+    if I <= BLOCK_I:
+        acc = _group_scores(keys, q, w, IEEE)
+    else:
         acc = _block_scores(keys, q_ptr, w_ptr, b, s, S, I, J, BLOCK_N, BLOCK_I, BLOCK_J, IEEE)
     tl.store(out_ptr + (b * S + s) * N + n, tl.where(vis, acc, float("-inf")), mask=nmask)
 
@@ -162,16 +224,19 @@ def _launch(kernel, q_BSIJ, w_BSI, keys: tuple, n: int, visible_BSN, overrides: 
         return out
     over = dict(overrides or {})
     pdl = pdl_launch_args(q.device, {"PDL": over.pop("PDL", True)})
-    cfg = launch_config(i, j, q.dtype) | over
-    kernel[(b * s, triton.cdiv(n, cfg["BLOCK_N"]))](q, w, *(k.contiguous() for k in keys), vis, s, n, out,
-                                                   I=i, J=j, **cfg, **pdl)
+    cfg = launch_config(i, j, q.dtype)
+    if kernel is csa2_index_score_kernel:
+        cfg |= pipelined_config(b * s, n, j, q.dtype, q.device)
+    cfg |= over
+    grid = (b * s, triton.cdiv(n, cfg["BLOCK_N"] * cfg.get("BLOCKS", 1)))
+    kernel[grid](q, w, *(k.contiguous() for k in keys), vis, s, n, out, I=i, J=j, **cfg, **pdl)
     return out
 
 
 def csa2_index_score(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: torch.Tensor,
                      visible_BSN: torch.Tensor, *, overrides: dict | None = None) -> torch.Tensor:
-    """The reference's signature; `overrides` replaces launch parameters (BLOCK_N, num_warps,
-    PDL: benchmarks)."""
+    """The reference's signature; `overrides` replaces launch parameters (BLOCK_N, BLOCKS, STAGES,
+    num_warps, PDL: benchmarks, tests)."""
     op = "Csa2IndexScore"
     check_shape(op, "q", q_BSIJ, (None, None, None, None))
     b, _, _, j = q_BSIJ.shape
@@ -233,6 +298,22 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
                                           n, out, I=heads, J=j, JP=next_pow2(j), ASM=not interpreting(), **cfg,
                                           **pdl)
     return out
+
+
+def pipelined_config(rows: int, n: int, dim: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """The JIT launch's settings for long rows of bf16/fp16 keys: 4 blocks of 128 entries per
+    program in a 3-stage pipelined loop, 8 warps, where that still leaves 1.5 programs per SM.
+    H200 sweeps (scripts/bench_kernels.py --sweep-parts index, 2026-12-03, keys in L2): 7.9 us at
+    128K entries against 9.3 us for one 64-entry block per program (Reindex pool: 6.8 against 7.6),
+    after a 256 MB read 14.2 against 16.0 us. At 64K (one program per SM) no better than single
+    128-entry blocks (5.2 against 4.9 us), below that slower (16K: 4.9 against 2.4 us). The
+    TensorRT build keeps launch_config (N is not known when its kernel is compiled)."""
+    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or dim > 128:
+        return {}
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if 2 * rows * triton.cdiv(n, 4 * 128) < 3 * sms:
+        return {}
+    return {"BLOCK_N": 128, "BLOCKS": 4, "STAGES": 3, "num_warps": 8}
 
 
 def launch_config(heads: int, dim: int, dtype: torch.dtype) -> dict:
