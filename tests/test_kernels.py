@@ -339,4 +339,3 @@ def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk, digits):
         # counters and histograms are back at zero for the next call (CUDA-graph replay)
         for ws in launcher._ws.values():
             assert torch.count_nonzero(ws["counter"]) == 0 and torch.count_nonzero(ws["hist"]) == 0
-
