@@ -17,7 +17,8 @@ from dsflash.plugins.aot import AotKernel
 
 
 def plugin_kernels(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, vocab_map=None) -> dict[str, tuple]:
-    """name -> (AotKernel, launch config) for every distinct kernel the model's plugin graphs use."""
+    """name -> (AotKernel, launch config) for every distinct kernel the model's plugin graphs use
+    (each tactic of a plugin with several: <op>_tactic<n>, the first tactic under the op's name)."""
     from dsflash.plugins.csa2_index_score import trt as index_trt
     from dsflash.plugins.csa2_sparse_attention import trt as attn_trt
     from dsflash.plugins.engram_hash_gather import trt as engram_trt
@@ -30,7 +31,9 @@ def plugin_kernels(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, vocab_
     for layer, a in addressing.items():
         kernels[f"EngramHashGather_layer{layer}"] = engram_trt.aot_kernel(
             dtype, cfg.engram_head_dim, a.multipliers, a.primes, a.offsets, a.pad_id, cfg.engram_n_heads)
-    kernels["Csa2IndexScore"] = index_trt.aot_kernel(dtype, cfg.index_n_heads, cfg.index_head_dim)
+    for tactic in index_trt.tactics(dtype, cfg.index_head_dim):  # TensorRT times each per profile
+        name = "Csa2IndexScore" + ("" if tactic == index_trt.ONE_BLOCK else f"_tactic{tactic}")
+        kernels[name] = index_trt.aot_kernel(dtype, cfg.index_n_heads, cfg.index_head_dim, tactic)
     kernels["Csa2SparseAttention"] = attn_trt.aot_kernel(dtype, cfg.num_attention_heads, cfg.head_dim,
                                                          cfg.head_dim ** -0.5)
     kernels["MhcBoundary"] = mhc_trt.aot_kernel(dtype, 1 << 20, cfg.hc_mult, cfg.hidden_size,
@@ -48,7 +51,7 @@ def write_plugin_kernels(kernels: dict[str, tuple], out_dir: Path) -> Path:
         (out_dir / f"{name}.ptx").write_text(k.ptx)
         index[name] = {"entry": k.name, "num_warps": k.num_warps, "block_x": k.block_x,
                        "shared_mem": k.shared_mem, "params": k.params, "declared": k.declared,
-                       "global_scratch": k.global_scratch, "launch": cfg, "arch": "sm_90"}
+                       "global_scratch": k.global_scratch, "aligned": k.aligned, "launch": cfg, "arch": "sm_90"}
     path = out_dir / "kernels.json"
     path.write_text(json.dumps(index, indent=1, sort_keys=True))
     return path

@@ -29,10 +29,39 @@ class AotKernel:
     params: int        # .param entries of the entry (the declared ones + Triton's scratch pointers)
     declared: int      # the kernel's non-constexpr parameters (what TensorRT passes)
     global_scratch: int  # bytes of Triton global scratch the kernel needs (TensorRT gives none)
+    aligned: bool = False  # compiled for 16-byte aligned pointers (vector loads, async copies)
 
     @property
     def block_x(self) -> int:
         return 32 * self.num_warps
+
+
+@dataclass(frozen=True)
+class AotLaunch:
+    """What a plugin's aot_impl hands TensorRT, over plain ints (a test's concrete shapes: what
+    plugins/ptx_launch.py launches) or TensorRT's symbolic shape expressions (the build): the
+    compiled kernel, the grid (x, y, z) and the int32 arguments passed between the input and the
+    output pointers."""
+    kernel: AotKernel
+    grid: tuple
+    extra: tuple
+
+    def for_trt(self, trtp) -> tuple:
+        """(kernel name, PTX, KernelLaunchParams, SymIntExprs): an aot_impl's return value."""
+        launch = trtp.KernelLaunchParams()
+        launch.grid_x, launch.grid_y, launch.grid_z = self.grid
+        launch.block_x = self.kernel.block_x
+        launch.shared_mem = self.kernel.shared_mem
+        extra = trtp.SymIntExprs(len(self.extra))
+        for i, e in enumerate(self.extra):
+            extra[i] = trtp.SymInt32(e)
+        return self.kernel.name, self.kernel.ptx, launch, extra
+
+
+def constant(dim) -> int:
+    """A dimension that must be known when the kernel compiles: an int, or a TensorRT shape
+    expression with a constant value (heads, head dims, hidden sizes of the network)."""
+    return dim if isinstance(dim, int) else int(dim.constant_value())
 
 
 def pointer(dtype: torch.dtype) -> str:
@@ -83,19 +112,23 @@ def compile_kernel(kernel, signature: dict, constexprs: dict, num_warps: int, ar
 
 
 def compile_ptx(kernel, signature: dict, constexprs: dict, num_warps: int, arch: int = 90,
-                num_stages: int | None = None) -> AotKernel:
+                num_stages: int | None = None, aligned: bool = False) -> AotKernel:
     """PTX for `arch` (sm_90 by default) of `kernel` with `signature` (name -> Triton type, in the
     kernel's parameter order), the compile-time constants and the launch config's pipeline depth
-    (None: Triton's default)."""
+    (None: Triton's default). aligned: every pointer is taken as 16-byte aligned, as Triton's JIT
+    does when it sees such pointers (16-byte vector loads and asynchronous copies; a misaligned
+    pointer then faults with a misaligned-address error); sizes are never specialised."""
     fn = jit_function(kernel)
     constexprs = with_defaults(fn, constexprs)
-    compiled = compile_kernel(kernel, signature, constexprs, num_warps, arch, num_stages=num_stages)
+    pointers = tuple(a for a, t in signature.items() if t.startswith("*")) if aligned else ()
+    compiled = compile_kernel(kernel, signature, constexprs, num_warps, arch, num_stages=num_stages,
+                              divisible_by_16=pointers)
     ptx = compiled.asm["ptx"]
     entry = ptx.split(".entry", 1)[1].split(")", 1)[0]
     return AotKernel(name=compiled.metadata.name, ptx=ptx, num_warps=compiled.metadata.num_warps,
                      shared_mem=compiled.metadata.shared, params=entry.count(".param"),
                      declared=sum(1 for a in fn.arg_names if a not in constexprs),
-                     global_scratch=int(getattr(compiled.metadata, "global_scratch_size", 0)))
+                     global_scratch=int(getattr(compiled.metadata, "global_scratch_size", 0)), aligned=aligned)
 
 
 def cdiv_expr(a, b: int):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from dsflash.plugins.ptx_launch import ptx_param_types
+
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,16 +25,76 @@ def test_aot_kernels_for_tiny(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "scripts" / "aot_kernels.py"), "--config", "tiny",
                     "--dtype", "bf16", "--out", str(tmp_path)], check=True, env=env, timeout=300)
     index = json.loads((tmp_path / "kernels.json").read_text())
-    assert sorted(index) == ["Csa2IndexScore", "Csa2SparseAttention", "EngramHashGather_layer1",
-                             "EngramHashGather_layer3", "MhcBoundary"]
+    assert sorted(index) == ["Csa2IndexScore", "Csa2IndexScore_tactic2", "Csa2SparseAttention",
+                             "EngramHashGather_layer1", "EngramHashGather_layer3", "MhcBoundary"]
+    # what TensorRT passes: the input pointers, the aot_impl's extra ints, the output pointers
+    trt_args = {"Csa2IndexScore": 4 + 2 + 1, "Csa2IndexScore_tactic2": 4 + 2 + 1, "Csa2SparseAttention": 6 + 5 + 1,
+                "EngramHashGather_layer1": 2 + 1 + 1, "EngramHashGather_layer3": 2 + 1 + 1, "MhcBoundary": 9 + 3 + 5}
     for name, k in index.items():
         ptx = (tmp_path / f"{name}.ptx").read_text()
         assert ".target sm_90" in ptx and f".entry {k['entry']}(" in ptx, name
         assert k["block_x"] == 32 * k["num_warps"]
         assert 0 <= k["shared_mem"] <= 227 * 1024, f"{name}: {k['shared_mem']} B of shared memory"
-        # TensorRT passes exactly the declared parameters; Triton appends two scratch pointers
-        # after them, which these kernels never touch.
-        assert k["params"] - k["declared"] == 2 and k["global_scratch"] == 0, name
+        assert k["declared"] == trt_args[name], f"{name} declares {k['declared']} parameters"
+        # Triton appends two scratch pointers after them, which these kernels never touch
+        params = ptx_param_types(ptx, k["entry"])
+        assert len(params) == k["params"] == k["declared"] + 2 and k["global_scratch"] == 0, name
+        assert params[-2:] == ["u64", "u64"] and k["aligned"], name
+    assert index["Csa2IndexScore_tactic2"]["launch"]["BLOCKS"] == 4
     # attributes are compile-time constants: the two Engram layers' primes differ, so their PTX does
     ptx1, ptx3 = ((tmp_path / f"EngramHashGather_layer{i}.ptx").read_text() for i in (1, 3))
     assert ptx1 != ptx3
+
+
+AOT_LAUNCH_CHECKS = """
+import types
+import pytest
+import torch
+from dsflash.plugins.csa2_index_score import trt as index_trt
+from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
+from dsflash.plugins.csa2_sparse_attention import trt as attn_trt
+from dsflash.plugins.engram_hash_gather import trt as engram_trt
+from dsflash.plugins.mhc_boundary import trt as mhc_trt
+
+bf16 = torch.bfloat16
+one = index_trt.aot_launch((2, 3, 32, 128), (2, 131075, 128), bf16, tactic=1)
+assert one.grid == (6, 2049, 1) and one.extra == (3, 131075), one
+two = index_trt.aot_launch((2, 3, 32, 128), (2, 131075, 128), bf16, tactic=2)
+assert two.grid == (6, 257, 1) and two.kernel.num_warps == 8, two
+assert index_trt.aot_launch((2, 3, 32, 128), (2, 64, 128), bf16, tactic=0).grid == (6, 1, 1)
+with pytest.raises(ValueError, match="tactic 2 is not one of \\\\[1\\\\] for torch.float32 keys"):
+    index_trt.aot_launch((1, 1, 8, 64), (1, 10, 64), torch.float32, tactic=2)
+attn = attn_trt.aot_launch((1, 2, 64, 512), (1, 5000, 512), (1, 2, 512), (1, 130, 512), bf16, 0.04)
+assert attn.grid[0] == 2 and attn.extra[:4] == (2, 5000, 130, 512), attn
+block_k = attn_kernel.launch_config(64, 512, bf16)["BLOCK_K"]
+assert attn.extra[4] == -(-512 // block_k) + -(-130 // block_k), attn
+gather = engram_trt.aot_launch((4, 3 + 9), (1000, 256), bf16, [3, 5, 7, 9], [11] * 24, list(range(24)), 0, 8)
+assert gather.grid[0] == 36 and gather.extra == (9,), gather
+mhc = mhc_trt.aot_launch((2, 7, 4, 5120), bf16, 20, 1e-6, 1e-6)
+assert mhc.extra == (14, 5120, 1), mhc
+
+
+class Params:
+    grid_x = grid_y = grid_z = block_x = shared_mem = None
+
+
+class Exprs(list):
+    def __init__(self, n):
+        super().__init__([None] * n)
+
+
+fake = types.SimpleNamespace(KernelLaunchParams=Params, SymIntExprs=Exprs, SymInt32=lambda e: ("sym", e))
+name, ptx, launch, extra = two.for_trt(fake)
+assert name == two.kernel.name and ptx.startswith("//") and ".entry " + name in ptx
+assert (launch.grid_x, launch.grid_y, launch.grid_z, launch.block_x) == (6, 257, 1, 256)
+assert launch.shared_mem == two.kernel.shared_mem and extra == [("sym", 3), ("sym", 131075)]
+"""
+
+
+@pytest.mark.slow
+def test_aot_launch_grids_tactics_and_trt_glue():
+    """Each plugin's aot_launch over concrete shapes (grid, extra ints, tactics) and AotLaunch.for_trt
+    against a stand-in for tensorrt.plugin's launch objects (compiles: a subprocess without the
+    interpreter)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", AOT_LAUNCH_CHECKS], check=True, env=env, timeout=300)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gpu_inputs import attention_inputs, cuda, engram_inputs, mhc_inputs, poison_allocator
 from kernel_checks import assert_kernel_matches
 
 pytestmark = [pytest.mark.gpu,
@@ -22,26 +23,6 @@ if torch.cuda.is_available():
     from dsflash.plugins.mhc_boundary import reference as mhc_ref
 
 BF16 = torch.bfloat16
-
-
-def poison_allocator(nbytes: int = 1 << 30) -> None:
-    """Fill a large cached block with NaN and free it: the kernels' torch.empty outputs come from
-    it, so an element a kernel fails to write stays NaN and fails the comparison."""
-    junk = torch.full((nbytes // 4,), float("nan"), device="cuda")
-    del junk
-
-
-def cuda(*ts):
-    return [t.cuda() if isinstance(t, torch.Tensor) else t for t in ts]
-
-
-def engram_inputs(gen, batch, new, look=3, heads=8, dim=256, rows_per_head=30011):
-    primes = [rows_per_head + 2 * i for i in range(look * heads)]
-    offsets = [sum(primes[:i]) for i in range(len(primes))]
-    mult = [int(m) * 2 + 1 for m in torch.randint(1, 2**30, (look + 1,), generator=gen)]
-    cids = torch.randint(0, 16384, (batch, look + new), generator=gen)
-    cids[:, :look] = -1
-    return cids, sum(primes), mult, primes, offsets
 
 
 @pytest.mark.parametrize("batch,new", [(1, 1), (256, 1), (1, 8191)])
@@ -99,26 +80,10 @@ def test_index_score_fp4_keys_flash_sizes(gen, path):
 
 @pytest.mark.parametrize("s", [1, 3, 67])
 def test_sparse_attention_flash_sizes(gen, s):
-    n, k, t = 5000, 512, 128 + s
-    q = torch.randn(1, s, 64, 512, generator=gen).to(BF16)
-    kv = torch.randn(1, n, 512, generator=gen).to(BF16)
-    idx = torch.randint(-1, n, (1, s, k), generator=gen)
-    win = torch.randn(1, t, 512, generator=gen).to(BF16)
-    mask = torch.rand(1, s, t, generator=gen) > 0.3
-    sink = torch.randn(64, generator=gen)
-    args = (q, kv, idx, win, mask, sink, 512 ** -0.5)
+    args = attention_inputs(gen, s)
     poison_allocator()
     got = attn_kernel.csa2_sparse_attention(*cuda(*args))
     assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, "sparse attention")
-
-
-def mhc_inputs(gen, tokens, c=4, e=5120):
-    n_mix = (2 + c) * c
-    return (torch.randn(1, tokens, c, e, generator=gen).to(BF16), torch.randn(1, tokens, e, generator=gen).to(BF16),
-            torch.rand(1, tokens, c, generator=gen) * 2, torch.rand(1, tokens, c, c, generator=gen),
-            torch.rand(1, tokens, c, generator=gen) + 0.5, torch.randn(n_mix, c * e, generator=gen) * e ** -0.5,
-            torch.randn(n_mix, generator=gen), torch.rand(3, generator=gen) + 0.5,
-            (torch.rand(e, generator=gen) + 0.5).to(BF16))
 
 
 @pytest.mark.parametrize("tokens,n_split", [(1, None), (7, None), (300, None), (300, 1), (5000, None)])

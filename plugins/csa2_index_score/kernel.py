@@ -311,8 +311,15 @@ def pipelined_config(rows: int, n: int, dim: int, dtype: torch.dtype, device: to
     if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or dim > 128:
         return {}
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    if 2 * rows * triton.cdiv(n, 4 * 128) < 3 * sms:
+    cfg = pipelined_launch()
+    if 2 * rows * triton.cdiv(n, cfg["BLOCKS"] * cfg["BLOCK_N"]) < 3 * sms:
         return {}
+    return cfg
+
+
+def pipelined_launch() -> dict:
+    """The pipelined loop's settings (added to launch_config), for the JIT launch of long rows and
+    the TensorRT plugin's second tactic. Needs 16-bit keys and index_head_dim <= 128."""
     return {"BLOCK_N": 128, "BLOCKS": 4, "STAGES": 3, "num_warps": 8}
 
 

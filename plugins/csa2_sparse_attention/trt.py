@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from dsflash.plugins.aot import AotKernel, cdiv_expr, compile_ptx, pointer
+from dsflash.plugins.aot import AotKernel, AotLaunch, cdiv_expr, compile_ptx, constant, pointer
 from dsflash.plugins.csa2_sparse_attention import kernel
 from dsflash.plugins.csa2_sparse_attention.decl import DECL
 from dsflash.plugins.declaration import DOMAIN
@@ -23,14 +23,31 @@ def kernel_signature(dtype: torch.dtype, idx_dtype: torch.dtype = torch.int64) -
 
 
 def aot_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float,
-               idx_dtype: torch.dtype = torch.int64) -> tuple[AotKernel, dict]:
-    """(compiled kernel, launch: BLOCK_H for the grid (B*S, cdiv(H, BLOCK_H)))."""
-    cfg = kernel.launch_config(heads, dim, dtype)
+               idx_dtype: torch.dtype = torch.int64, aligned: bool = True,
+               overrides: dict | None = None) -> tuple[AotKernel, dict]:
+    """(compiled kernel, launch: BLOCK_H for the grid (B*S, cdiv(H, BLOCK_H))); `overrides`
+    replaces launch_config entries and num_stages (tactics, sweeps)."""
+    cfg = kernel.launch_config(heads, dim, dtype) | dict(overrides or {})
     cfg.pop("MIN_BLOCKS_PER_SPLIT")  # no workspace in an AOT plugin: no key split
-    sig = kernel_signature(dtype, idx_dtype)
-    consts = dict(H=heads, D=dim, SCALE=float(scale), SPLIT=False,
-                  **{k: v for k, v in cfg.items() if k != "num_warps"})
-    return compile_ptx(kernel.csa2_sparse_attention_kernel, sig, consts, cfg["num_warps"]), cfg
+    # TensorRT passes the inputs, the extra ints and the output, nothing else: the workspace
+    # pointers of the split path become constant None, so the PTX does not declare them
+    sig = {k: v for k, v in kernel_signature(dtype, idx_dtype).items() if not k.startswith("ws_")}
+    consts = dict(H=heads, D=dim, SCALE=float(scale), SPLIT=False, ws_acc=None, ws_ml=None,
+                  **{k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")})
+    return compile_ptx(kernel.csa2_sparse_attention_kernel, sig, consts, cfg["num_warps"],
+                       num_stages=cfg.get("num_stages"), aligned=aligned), cfg
+
+
+def aot_launch(q_shape, kv_shape, idx_shape, win_shape, dtype: torch.dtype, scale: float,
+               aligned: bool = True, overrides: dict | None = None) -> AotLaunch:
+    """The launch for q [B, S, H, D], kv [B, N, D], idx [B, S, K] and win_kv [B, T, D] (ints or
+    TensorRT shape expressions)."""
+    heads, dim = constant(q_shape[2]), constant(q_shape[3])
+    compiled, cfg = aot_kernel(dtype, heads, dim, scale, aligned=aligned, overrides=overrides)
+    # no workspace in an AOT plugin: one split owns every key block
+    k_blocks = cdiv_expr(idx_shape[2], cfg["BLOCK_K"]) + cdiv_expr(win_shape[1], cfg["BLOCK_K"])
+    grid = (q_shape[0] * q_shape[1], cdiv_expr(heads, cfg["BLOCK_H"]), 1)
+    return AotLaunch(compiled, grid, (q_shape[1], kv_shape[1], win_shape[1], idx_shape[2], k_blocks))
 
 
 def register() -> None:
@@ -54,18 +71,5 @@ def register() -> None:
     @trtp.aot_impl(plugin_id)
     def _aot(q: trtp.TensorDesc, kv: trtp.TensorDesc, idx: trtp.TensorDesc, win_kv: trtp.TensorDesc,
              win_mask: trtp.TensorDesc, sink: trtp.TensorDesc, scale: float, outputs, tactic: int):
-        heads, dim = (int(q.shape_expr[i].constant_value()) for i in (2, 3))
-        compiled, cfg = aot_kernel(torch_dtypes(trt)[q.dtype], heads, dim, scale)
-        launch = trtp.KernelLaunchParams()
-        launch.grid_x = q.shape_expr[0] * q.shape_expr[1]
-        launch.grid_y = cdiv_expr(heads, cfg["BLOCK_H"])
-        launch.block_x = compiled.block_x
-        launch.shared_mem = compiled.shared_mem
-        extra = trtp.SymIntExprs(5)
-        # no workspace in an AOT plugin: one split owns every key block
-        k_blocks = (cdiv_expr(idx.shape_expr[2], cfg["BLOCK_K"])
-                    + cdiv_expr(win_kv.shape_expr[1], cfg["BLOCK_K"]))
-        for i, e in enumerate((q.shape_expr[1], kv.shape_expr[1], win_kv.shape_expr[1], idx.shape_expr[2],
-                               k_blocks)):
-            extra[i] = trtp.SymInt32(e)
-        return compiled.name, compiled.ptx, launch, extra
+        return aot_launch(q.shape_expr, kv.shape_expr, idx.shape_expr, win_kv.shape_expr,
+                          torch_dtypes(trt)[q.dtype], scale).for_trt(trtp)

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import torch
 
-from dsflash.plugins.aot import AotKernel, cdiv_expr, compile_ptx, pointer
+from dsflash.plugins.aot import AotKernel, AotLaunch, cdiv_expr, compile_ptx, constant, pointer
 from dsflash.plugins.declaration import DOMAIN
 from dsflash.plugins.engram_hash_gather import kernel
 from dsflash.plugins.engram_hash_gather.decl import DECL
 
 
 def aot_kernel(table_dtype: torch.dtype, dim: int, multipliers, primes, offsets, pad_id: int,
-               heads: int) -> tuple[AotKernel, dict]:
+               heads: int, aligned: bool = True) -> tuple[AotKernel, dict]:
     """(compiled kernel, launch: BLOCK_J for the grid (B*S, cdiv(look*heads, BLOCK_J)))."""
     look = len(multipliers) - 1
     cfg = kernel.launch_config(look, heads, dim)
@@ -27,7 +27,17 @@ def aot_kernel(table_dtype: torch.dtype, dim: int, multipliers, primes, offsets,
     consts = dict(LOOK=look, HEADS=heads, D=dim, MULT=tuple(map(int, multipliers)),
                   PRIMES=tuple(map(int, primes)), OFFSETS=tuple(map(int, offsets)), PAD_ID=int(pad_id),
                   BLOCK_J=cfg["BLOCK_J"], BLOCK_D=cfg["BLOCK_D"])
-    return compile_ptx(kernel.engram_hash_gather_kernel, sig, consts, cfg["num_warps"]), cfg
+    return compile_ptx(kernel.engram_hash_gather_kernel, sig, consts, cfg["num_warps"], aligned=aligned), cfg
+
+
+def aot_launch(cids_shape, table_shape, table_dtype: torch.dtype, multipliers, primes, offsets,
+               pad_id: int, heads: int, aligned: bool = True) -> AotLaunch:
+    """The launch for cids [B, look + S] and table [rows, D] (ints or TensorRT shape expressions)."""
+    compiled, cfg = aot_kernel(table_dtype, constant(table_shape[1]), multipliers, primes, offsets, pad_id,
+                               heads, aligned)
+    look = len(multipliers) - 1
+    n_new = cids_shape[1] - look
+    return AotLaunch(compiled, (cids_shape[0] * n_new, cdiv_expr(look * heads, cfg["BLOCK_J"]), 1), (n_new,))
 
 
 def register() -> None:
@@ -54,17 +64,5 @@ def register() -> None:
     @trtp.aot_impl(plugin_id)
     def _aot(cids: trtp.TensorDesc, table: trtp.TensorDesc, multipliers: np.ndarray, primes: np.ndarray,
              offsets: np.ndarray, pad_id: int, heads: int, outputs, tactic: int):
-        dim = int(table.shape_expr[1].constant_value())
-        compiled, cfg = aot_kernel(torch_dtypes(trt)[table.dtype], dim, multipliers.tolist(), primes.tolist(),
-                                   offsets.tolist(), pad_id, heads)
-        look = len(multipliers) - 1
-        n_new = cids.shape_expr[1] - look
-        launch = trtp.KernelLaunchParams()
-        launch.grid_x = cids.shape_expr[0] * n_new
-        launch.grid_y = cdiv_expr(look * heads, cfg["BLOCK_J"])
-        launch.block_x = compiled.block_x
-        launch.shared_mem = compiled.shared_mem
-        extra = trtp.SymIntExprs(1)
-        extra[0] = trtp.SymInt32(n_new)
-        return compiled.name, compiled.ptx, launch, extra
-
+        return aot_launch(cids.shape_expr, table.shape_expr, torch_dtypes(trt)[table.dtype], multipliers.tolist(),
+                          primes.tolist(), offsets.tolist(), pad_id, heads).for_trt(trtp)

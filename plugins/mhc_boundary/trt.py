@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import torch
 
-from dsflash.plugins.aot import AotKernel, cdiv_expr, compile_ptx, pointer
+from dsflash.plugins.aot import AotKernel, AotLaunch, cdiv_expr, compile_ptx, constant, pointer
 from dsflash.plugins.declaration import DOMAIN
 from dsflash.plugins.mhc_boundary import kernel
 from dsflash.plugins.mhc_boundary.decl import DECL
 
 
 def kernel_signature(dtype: torch.dtype) -> dict:
-    """Triton types of the kernel's non-constant parameters, in TensorRT's AOT order."""
+    """Triton types of the kernel's non-constant parameters, in TensorRT's AOT order (aot_kernel
+    drops the workspace pointers at the end, which only the JIT launcher's split path uses)."""
     x = pointer(dtype)
     return {"streams_ptr": x, "y_ptr": x, "post_ptr": "*fp32", "comb_ptr": "*fp32", "pre_ptr": "*fp32",
             "fn_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "nw_ptr": x, "T": "i32",
@@ -35,12 +36,29 @@ def kernel_constants(cfg: dict, hc: int, hidden: int, iters: int, hc_eps: float,
 
 
 def aot_kernel(dtype: torch.dtype, tokens_hint: int, hc: int, hidden: int, iters: int, hc_eps: float,
-               rms_eps: float) -> tuple[AotKernel, dict]:
-    """(compiled kernel, launch: BLOCK_T for the grid (cdiv(B*S, BLOCK_T), 1))."""
-    cfg = kernel.launch_config(tokens_hint, hc, hidden, dtype)
+               rms_eps: float, aligned: bool = True, overrides: dict | None = None) -> tuple[AotKernel, dict]:
+    """(compiled kernel, launch: BLOCK_T for the grid (cdiv(B*S, BLOCK_T), 1)); the launch_config
+    for `tokens_hint` tokens, `overrides` replacing entries (tactics, sweeps)."""
+    cfg = kernel.launch_config(tokens_hint, hc, hidden, dtype) | dict(overrides or {})
     consts = kernel_constants(cfg, hc, hidden, iters, hc_eps, rms_eps, split=False, n_split_p2=1)
-    return compile_ptx(kernel.mhc_boundary_kernel, kernel_signature(dtype), consts, cfg["num_warps"],
-                       num_stages=cfg.get("num_stages")), cfg
+    # TensorRT passes the inputs, the extra ints and the outputs, nothing else: the split path's
+    # workspace and counter become constant None, so the PTX does not declare them
+    workspace = ("ws_acc", "ws_sq", "counter")
+    consts |= dict.fromkeys(workspace)
+    sig = {k: v for k, v in kernel_signature(dtype).items() if k not in workspace}
+    return compile_ptx(kernel.mhc_boundary_kernel, sig, consts, cfg["num_warps"],
+                       num_stages=cfg.get("num_stages"), aligned=aligned), cfg
+
+
+def aot_launch(streams_shape, dtype: torch.dtype, iters: int, hc_eps: float, rms_eps: float,
+               aligned: bool = True, tokens_hint: int = 1 << 20, overrides: dict | None = None) -> AotLaunch:
+    """The launch for streams [B, S, C, E] (ints or TensorRT shape expressions): whole rows per
+    program, compiled for any token count (blocked for about `tokens_hint` tokens)."""
+    hc, hidden = constant(streams_shape[2]), constant(streams_shape[3])
+    compiled, cfg = aot_kernel(dtype, tokens_hint, hc, hidden, iters, hc_eps, rms_eps, aligned, overrides)
+    tokens = streams_shape[0] * streams_shape[1]
+    # one split owns every channel (SPLIT = 0 ignores chunks_per_split and n_split)
+    return AotLaunch(compiled, (cdiv_expr(tokens, cfg["BLOCK_T"]), 1, 1), (tokens, hidden, 1))
 
 
 def register() -> None:
@@ -64,15 +82,5 @@ def register() -> None:
     @trtp.aot_impl(plugin_id)
     def _aot(streams, y, post, comb, pre, fn, base, scale, norm_weight, iters: int, hc_eps: float,
              rms_eps: float, outputs, tactic: int):
-        hc, hidden = (int(streams.shape_expr[i].constant_value()) for i in (2, 3))
-        compiled, cfg = aot_kernel(torch_dtypes(trt)[streams.dtype], 1 << 20, hc, hidden, iters, hc_eps, rms_eps)
-        tokens = streams.shape_expr[0] * streams.shape_expr[1]
-        launch = trtp.KernelLaunchParams()
-        launch.grid_x = cdiv_expr(tokens, cfg["BLOCK_T"])
-        launch.block_x = compiled.block_x
-        launch.shared_mem = compiled.shared_mem
-        extra = trtp.SymIntExprs(3)
-        extra[0] = trtp.SymInt32(tokens)
-        extra[1] = trtp.SymInt32(hidden)  # one split owns every channel (SPLIT = 0 ignores it)
-        extra[2] = trtp.SymInt32(1)
-        return compiled.name, compiled.ptx, launch, extra
+        return aot_launch(streams.shape_expr, torch_dtypes(trt)[streams.dtype], iters, hc_eps,
+                          rms_eps).for_trt(trtp)

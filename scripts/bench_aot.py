@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""What a TensorRT engine's plugin kernels would cost, measured without TensorRT: each plugin's AOT
+kernel (the PTX and launch its trt.py hands TensorRT, run by plugins/ptx_launch.py as TensorRT
+runs it) against the JIT launcher OpSet("triton") uses, at the released sizes, as CUDA-graph
+replays back to back (the launch floor of scripts/bench_floor.py applies to both). Each AOT
+variant is checked against the JIT output first and reported WRONG instead of timed if it
+differs. Variants: every tactic, pointers taken as 16-byte aligned (the build's default) or not.
+
+    python3 scripts/bench_aot.py --out OUT      # ~1 min on an H200; writes OUT/bench_aot.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+import triton
+from bench_kernels import (
+    BF16,
+    ENGRAM_DIM,
+    ENGRAM_HEADS,
+    ENGRAM_LOOK,
+    HEAD_DIM,
+    HEADS,
+    INDEX_DIM,
+    INDEX_HEADS,
+    TOPK,
+    WINDOW,
+    _close,
+    mhc_inputs,
+    time_ms,
+)
+from tqdm import tqdm
+
+from dsflash.plugins.csa2_index_score import kernel as index_kernel
+from dsflash.plugins.csa2_index_score import trt as index_trt
+from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
+from dsflash.plugins.csa2_sparse_attention import trt as attn_trt
+from dsflash.plugins.engram_hash_gather import kernel as engram_kernel
+from dsflash.plugins.engram_hash_gather import trt as engram_trt
+from dsflash.plugins.mhc_boundary import kernel as mhc_kernel
+from dsflash.plugins.mhc_boundary import trt as mhc_trt
+from dsflash.plugins.ptx_launch import PtxKernel
+
+
+def compare(case: str, jit, variants: dict, inputs: list, outputs, rel: float) -> dict:
+    """JIT launcher time and each AOT variant's (label -> AotLaunch), in microseconds."""
+    want = jit()
+    want = want if isinstance(want, (tuple, list)) else (want,)
+    res = {"jit_us": 1e3 * time_ms(jit, graph=True)}
+    for label, launch in variants.items():
+        res[f"{label}_us"] = float("nan")
+        if isinstance(launch, Exception):
+            logging.info("%s %s: does not compile: %s", case, label, str(launch).splitlines()[0][:100])
+            continue
+        outs = outputs()
+        try:
+            kernel = PtxKernel(launch)
+        except (ValueError, RuntimeError) as exc:  # more shared memory than a block gets, say
+            logging.info("%s %s: does not load: %s", case, label, exc)
+            continue
+        with kernel:
+            def run(kernel=kernel, launch=launch, outs=outs):
+                kernel(launch, inputs, outs)
+            run()
+            torch.cuda.synchronize()
+            if not _close(outs, want, rel):
+                logging.warning("%s %s: WRONG result, not timed", case, label)
+                continue
+            res[f"{label}_us"] = 1e3 * time_ms(run, graph=True)
+        res[f"{label}_shared"] = launch.kernel.shared_mem
+        logging.info("%s %s: %.1f us (JIT %.1f us)", case, label, res[f"{label}_us"], res["jit_us"])
+    return res
+
+
+def compiled(settings: dict, make) -> dict:
+    """label -> make(*setting), or the exception a setting's compile raised (reported, not timed)."""
+    out = {}
+    for label, setting in settings.items():
+        try:
+            out[label] = make(*setting)
+        except Exception as exc:  # noqa: BLE001 (a sweep setting that does not compile is a result)
+            out[label] = exc
+    return out
+
+
+def index_case(n: int, gen) -> dict:
+    q = torch.randn(1, 1, INDEX_HEADS, INDEX_DIM, generator=gen).to("cuda", BF16)
+    w = torch.randn(1, 1, INDEX_HEADS, generator=gen).cuda()
+    k = torch.randn(1, n, INDEX_DIM, generator=gen).to("cuda", BF16)
+    visible = torch.ones(1, 1, n, dtype=torch.bool, device="cuda")
+    variants = {f"tactic{t}{'' if aligned else '_unaligned'}": index_trt.aot_launch(q.shape, k.shape, BF16, t, aligned)
+                for t in index_trt.tactics(BF16, INDEX_DIM) for aligned in (True, False)}
+    return compare(f"index n={n}", lambda: index_kernel.csa2_index_score(q, w, k, visible), variants,
+                   [q, w, k, visible], lambda: [torch.empty(1, 1, n, device="cuda")], 1e-5)
+
+
+def attention_case(rows: int, gen, settings: dict | None = None) -> dict:
+    """settings: label -> (aligned, launch_config overrides); by default the build's kernel, aligned or not."""
+    n = 65536
+    q = torch.randn(1, rows, HEADS, HEAD_DIM, generator=gen).to("cuda", BF16)
+    kv = torch.randn(1, n, HEAD_DIM, generator=gen).to("cuda", BF16)
+    idx = torch.randint(0, n, (1, rows, TOPK), generator=gen).cuda()
+    win = torch.randn(1, WINDOW + rows, HEAD_DIM, generator=gen).to("cuda", BF16)
+    wmask = torch.ones(1, rows, WINDOW + rows, dtype=torch.bool, device="cuda")
+    sink = torch.randn(HEADS, generator=gen).cuda()
+    scale = HEAD_DIM ** -0.5
+    launcher = attn_kernel.SparseAttentionLauncher()
+    settings = settings or {"aot": (True, {}), "aot_unaligned": (False, {})}
+    variants = compiled(settings, lambda aligned, over: attn_trt.aot_launch(
+        q.shape, kv.shape, idx.shape, win.shape, BF16, scale, aligned=aligned, overrides=over))
+    return compare(f"attention rows={rows}", lambda: launcher(q, kv, idx, win, wmask, sink, scale), variants,
+                   [q, kv, idx, win, wmask, sink], lambda: [torch.empty_like(q)], 1e-2)
+
+
+def engram_case(batch: int, new: int, gen) -> dict:
+    cols = ENGRAM_LOOK * ENGRAM_HEADS
+    primes = [(1 << 18) + 2 * i for i in range(cols)]  # 6.3M rows: sizes only matter for the access pattern
+    offsets = [sum(primes[:i]) for i in range(cols)]
+    table = torch.randn(sum(primes), ENGRAM_DIM, dtype=BF16, device="cuda")
+    mult = [int(m) * 2 + 1 for m in torch.randint(1, 2**30, (ENGRAM_LOOK + 1,), generator=gen)]
+    cids = torch.randint(0, 16384, (batch, ENGRAM_LOOK + new), generator=gen).cuda()
+    attrs = (mult, primes, offsets, 3, ENGRAM_HEADS)
+    variants = {"aot" + ("" if aligned else "_unaligned"): engram_trt.aot_launch(cids.shape, table.shape, BF16, *attrs,
+                                                                                 aligned=aligned)
+                for aligned in (True, False)}
+    return compare(f"engram {batch}x{new}", lambda: engram_kernel.engram_hash_gather(cids, table, *attrs), variants,
+                   [cids, table], lambda: [torch.empty(batch, new, cols, ENGRAM_DIM, dtype=BF16, device="cuda")], 0.0)
+
+
+def mhc_case(tokens: int, gen, settings: dict | None = None) -> dict:
+    """settings: label -> (aligned, tokens_hint, launch_config overrides); by default the build's
+    kernel (blocked for many tokens), aligned or not."""
+    args = [a.cuda() for a in mhc_inputs(tokens, gen)]
+    attrs = (20, 1e-6, 1e-6)
+    launcher = mhc_kernel.MhcBoundaryLauncher()
+    settings = settings or {"aot": (True, 1 << 20, {}), "aot_unaligned": (False, 1 << 20, {})}
+    variants = compiled(settings, lambda aligned, hint, over: mhc_trt.aot_launch(
+        args[0].shape, BF16, *attrs, aligned=aligned, tokens_hint=hint, overrides=over))
+    c, e = args[0].shape[2:]
+
+    def outputs():
+        f32 = torch.float32
+        return [torch.empty_like(args[0]), torch.empty(1, tokens, e, dtype=BF16, device="cuda"),
+                torch.empty(1, tokens, c, dtype=f32, device="cuda"), torch.empty(1, tokens, c, dtype=f32, device="cuda"),
+                torch.empty(1, tokens, c, c, dtype=f32, device="cuda")]
+    return compare(f"mhc tokens={tokens}", lambda: launcher(*args, *attrs), variants, args, outputs, 1e-2)
+
+
+def sweep(gen) -> dict:
+    """Launch settings of the AOT kernels that have no channel or key split (mHC, attention) at
+    decode sizes, where one program per token or head block leaves most of the GPU idle: the
+    candidates for their tactics."""
+    mhc = {f"hint{hint} {over}": (True, hint, over) for hint in (1, 4, 64, 1 << 20)
+           for over in ({}, {"num_warps": 8})}
+    mhc |= {f"hint{hint} {over}": (True, hint, over) for hint in (1, 4)
+            for over in ({"BLOCK_E": 64}, {"BLOCK_E": 128, "num_warps": 8}, {"num_stages": 2}, {"num_stages": 4})}
+    attn = {str(over): (True, over) for over in (
+        {}, {"num_stages": 1}, {"num_stages": 2}, {"num_stages": 4}, {"BLOCK_K": 64}, {"BLOCK_K": 64, "num_stages": 2},
+        {"num_warps": 8}, {"BLOCK_K": 64, "num_warps": 8}, {"BLOCK_H": 32}, {"BLOCK_H": 32, "num_warps": 8},
+        {"BLOCK_H": 64, "num_warps": 8})}
+    res = {f"mhc tokens={t}": mhc_case(t, gen, mhc) for t in (1, 8, 64)}
+    res |= {f"attention rows={r}": attention_case(r, gen, attn) for r in (1, 64)}
+    return res
+
+
+def report(res: dict) -> None:
+    print(f"\nAOT (TensorRT's kernels, run by the CUDA driver) against the JIT launchers, {res['gpu']}, {res['date']}")
+    print(f"{'case':<24} {'JIT':>9}  AOT variants (x JIT time)")
+    for case, r in res["cases"].items():
+        aot = [f"{k[:-3]} {v:.1f} us ({v / r['jit_us']:.2f}x)" for k, v in r.items()
+               if k.endswith("_us") and k != "jit_us"]
+        print(f"{case:<24} {r['jit_us']:>6.1f} us  " + "; ".join(aot))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--sweep", action="store_true", help="also sweep the mHC and attention AOT launch settings")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(0)
+    res = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M"),
+           "torch": torch.__version__, "triton": triton.__version__, "cases": {}}
+    cases = [("index n=16384", lambda: index_case(16384, gen)), ("index n=131072", lambda: index_case(131072, gen)),
+             ("attention rows=1", lambda: attention_case(1, gen)), ("attention rows=64", lambda: attention_case(64, gen)),
+             ("engram decode b=1", lambda: engram_case(1, 1, gen)), ("engram prefill 8192", lambda: engram_case(1, 8192, gen)),
+             ("mhc tokens=1", lambda: mhc_case(1, gen)), ("mhc tokens=8192", lambda: mhc_case(8192, gen))]
+    for name, case in tqdm(cases, desc="aot"):
+        res["cases"][name] = case()
+        torch.cuda.empty_cache()
+        (out / "bench_aot.json").write_text(json.dumps(res, indent=1))
+    report(res)
+    if args.sweep:
+        res["sweep"] = sweep(gen)
+        (out / "bench_aot.json").write_text(json.dumps(res, indent=1))
+        for case, r in res["sweep"].items():
+            timed = [(v, k[:-3]) for k, v in r.items() if k.endswith("_us") and k != "jit_us" and not math.isnan(v)]
+            best = sorted(timed)[:4]
+            logging.info("sweep best %s (JIT %.1f us): %s", case, r["jit_us"],
+                         "; ".join(f"{v:.1f} us {k}" for v, k in best))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""The kernels a TensorRT engine would embed, run as TensorRT runs them (plugins/ptx_launch.py): each
+plugin's aot_launch for concrete shapes, its PTX loaded by the CUDA driver, launched with that
+grid and its extra arguments between the input and output pointers, every output poisoned (NaN)
+beforehand and checked against the reference by the §7 rule. Both tactics of Csa2IndexScore, both
+pointer assumptions (aligned, the build's default, and not). Needs a CUDA GPU (sm_90 PTX)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gpu_inputs import attention_inputs, cuda, engram_inputs, mhc_inputs
+from kernel_checks import assert_kernel_matches
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+if torch.cuda.is_available():
+    from dsflash.plugins.csa2_index_score import reference as index_ref
+    from dsflash.plugins.csa2_index_score import trt as index_trt
+    from dsflash.plugins.csa2_sparse_attention import reference as attn_ref
+    from dsflash.plugins.csa2_sparse_attention import trt as attn_trt
+    from dsflash.plugins.engram_hash_gather import reference as engram_ref
+    from dsflash.plugins.engram_hash_gather import trt as engram_trt
+    from dsflash.plugins.mhc_boundary import reference as mhc_ref
+    from dsflash.plugins.mhc_boundary import trt as mhc_trt
+    from dsflash.plugins.ptx_launch import PtxKernel
+
+BF16 = torch.bfloat16
+
+
+def nan_outputs(*specs):
+    return [torch.full(shape, float("nan"), dtype=dtype, device="cuda") for shape, dtype in specs]
+
+
+def run(launch, inputs, outputs):
+    with PtxKernel(launch) as kernel:
+        kernel(launch, inputs, outputs)
+        torch.cuda.synchronize()
+    return outputs
+
+
+@pytest.mark.parametrize("tactic", [1, 2])
+@pytest.mark.parametrize("s,n", [(1, 131075), (5, 4099)])
+def test_aot_index_score_tactics(gen, tactic, s, n):
+    q = torch.randn(1, s, 32, 128, generator=gen).to(BF16)
+    w = torch.randn(1, s, 32, generator=gen)
+    k = torch.randn(1, n, 128, generator=gen).to(BF16)
+    visible = torch.rand(1, s, n, generator=gen) > 0.2
+    launch = index_trt.aot_launch(tuple(q.shape), tuple(k.shape), BF16, tactic)
+    (out,) = run(launch, cuda(q, w, k, visible), nan_outputs(((1, s, n), torch.float32)))
+    assert_kernel_matches(out, index_ref.csa2_index_score, (q, w, k, visible), {}, BF16, f"index tactic {tactic}")
+
+
+def test_aot_index_score_fp32_unaligned(gen):
+    """fp32 queries and keys (tactic 1 only) from a kernel compiled for any pointer alignment, run
+    on keys that start 4 bytes into their buffer."""
+    q = torch.randn(2, 3, 20, 72, generator=gen)
+    w = torch.randn(2, 3, 20, generator=gen)
+    k = torch.randn(2, 1 + 999 * 72, generator=gen)[:, 1:].reshape(2, 999, 72)
+    visible = torch.rand(2, 3, 999, generator=gen) > 0.5
+    assert index_trt.tactics(torch.float32, 72) == [index_trt.ONE_BLOCK]
+    launch = index_trt.aot_launch(tuple(q.shape), tuple(k.shape), torch.float32, aligned=False)
+    keys = torch.randn(2 * 999 * 72 + 1, device="cuda")[1:]  # 4-byte aligned, not 16
+    keys.copy_(k.reshape(-1).cuda())
+    (out,) = run(launch, [*cuda(q, w), keys, visible.cuda()], nan_outputs(((2, 3, 999), torch.float32)))
+    assert_kernel_matches(out, index_ref.csa2_index_score, (q, w, k, visible), {}, torch.float32, "index fp32")
+    aligned = index_trt.aot_launch(tuple(q.shape), tuple(k.shape), torch.float32)
+    with PtxKernel(aligned) as kernel, pytest.raises(ValueError, match="not 16-byte aligned"):
+        kernel(aligned, [*cuda(q, w), keys, visible.cuda()], nan_outputs(((2, 3, 999), torch.float32)))
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+@pytest.mark.parametrize("s", [1, 3])
+def test_aot_sparse_attention(gen, s, aligned):
+    args = attention_inputs(gen, s)
+    q, kv, idx, win, mask, sink, scale = args
+    launch = attn_trt.aot_launch(q.shape, kv.shape, idx.shape, win.shape, BF16, scale, aligned=aligned)
+    (out,) = run(launch, cuda(q, kv, idx, win, mask, sink), nan_outputs((tuple(q.shape), BF16)))
+    assert_kernel_matches(out, attn_ref.csa2_sparse_attention, args, {}, BF16, "sparse attention (AOT)")
+
+
+@pytest.mark.parametrize("batch,new", [(1, 1), (2, 4099)])
+def test_aot_engram_gather(gen, batch, new):
+    cids, rows, mult, primes, offsets = engram_inputs(gen, batch, new)
+    table = torch.randn(rows, 256, generator=gen).to(BF16)
+    launch = engram_trt.aot_launch(tuple(cids.shape), tuple(table.shape), BF16, mult, primes, offsets, 3, 8)
+    (out,) = run(launch, cuda(cids, table), nan_outputs(((batch, new, 24, 256), BF16)))
+    assert torch.equal(out.cpu(), engram_ref.engram_hash_gather(cids, table, mult, primes, offsets, 3, 8))
+
+
+@pytest.mark.parametrize("tokens", [1, 300])
+def test_aot_mhc_boundary(gen, tokens):
+    args = mhc_inputs(gen, tokens)
+    attrs = {"iters": 20, "hc_eps": 1e-6, "rms_eps": 1e-6}
+    launch = mhc_trt.aot_launch(tuple(args[0].shape), BF16, **attrs)
+    c, e = args[0].shape[2:]
+    outs = nan_outputs((tuple(args[0].shape), BF16), ((1, tokens, e), BF16), ((1, tokens, c), torch.float32),
+                       ((1, tokens, c), torch.float32), ((1, tokens, c, c), torch.float32))
+    run(launch, cuda(*args), outs)
+    assert_kernel_matches(tuple(outs), mhc_ref.mhc_boundary, args, attrs, BF16, f"mhc (AOT) {tokens} tokens")
+
+
+def test_ptx_kernel_refuses_a_wrong_argument_list(gen):
+    q = torch.randn(1, 1, 32, 128, device="cuda").to(BF16)
+    launch = index_trt.aot_launch(tuple(q.shape), (1, 100, 128), BF16)
+    with PtxKernel(launch) as kernel:
+        with pytest.raises(ValueError, match="declares 7 parameters, got 3 inputs"):
+            kernel(launch, [q, q, q], [q])
+        host = torch.zeros(4)
+        with pytest.raises(ValueError, match="parameter 1: a contiguous tensor on cuda"):
+            kernel(launch, [q, host, q, q], [q])
