@@ -32,13 +32,22 @@ def plugin_kernels(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, vocab_
         kernels[f"EngramHashGather_layer{layer}"] = engram_trt.aot_kernel(
             dtype, cfg.engram_head_dim, a.multipliers, a.primes, a.offsets, a.pad_id, cfg.engram_n_heads)
     for tactic in index_trt.tactics(dtype, cfg.index_head_dim):  # TensorRT times each per profile
-        name = "Csa2IndexScore" + ("" if tactic == index_trt.ONE_BLOCK else f"_tactic{tactic}")
-        kernels[name] = index_trt.aot_kernel(dtype, cfg.index_n_heads, cfg.index_head_dim, tactic)
-    kernels["Csa2SparseAttention"] = attn_trt.aot_kernel(dtype, cfg.num_attention_heads, cfg.head_dim,
-                                                         cfg.head_dim ** -0.5)
-    kernels["MhcBoundary"] = mhc_trt.aot_kernel(dtype, 1 << 20, cfg.hc_mult, cfg.hidden_size,
-                                                cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
+        kernels[_tactic_name("Csa2IndexScore", tactic)] = index_trt.aot_kernel(
+            dtype, cfg.index_n_heads, cfg.index_head_dim, tactic)
+    for tactic in attn_trt.tactics(cfg.head_dim):
+        kernels[_tactic_name("Csa2SparseAttention", tactic)] = attn_trt.aot_kernel(
+            dtype, cfg.num_attention_heads, cfg.head_dim, cfg.head_dim ** -0.5,
+            overrides=attn_trt.tactic_overrides(tactic, cfg.head_dim))
+    for tactic in (mhc_trt.ROW_BLOCKS, mhc_trt.FEW_TOKENS):
+        hint, over = mhc_trt.tactic_setting(tactic)
+        kernels[_tactic_name("MhcBoundary", tactic)] = mhc_trt.aot_kernel(
+            dtype, hint, cfg.hc_mult, cfg.hidden_size, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps,
+            overrides=over)
     return kernels
+
+
+def _tactic_name(op: str, tactic: int) -> str:
+    return op if tactic == 1 else f"{op}_tactic{tactic}"
 
 
 def write_plugin_kernels(kernels: dict[str, tuple], out_dir: Path) -> Path:

@@ -101,7 +101,8 @@ def index_case(n: int, gen) -> dict:
 
 
 def attention_case(rows: int, gen, settings: dict | None = None) -> dict:
-    """settings: label -> (aligned, launch_config overrides); by default the build's kernel, aligned or not."""
+    """settings: label -> (aligned, launch_config overrides); by default the plugin's tactics, and the
+    first compiled for any pointer alignment."""
     n = 65536
     q = torch.randn(1, rows, HEADS, HEAD_DIM, generator=gen).to("cuda", BF16)
     kv = torch.randn(1, n, HEAD_DIM, generator=gen).to("cuda", BF16)
@@ -111,7 +112,8 @@ def attention_case(rows: int, gen, settings: dict | None = None) -> dict:
     sink = torch.randn(HEADS, generator=gen).cuda()
     scale = HEAD_DIM ** -0.5
     launcher = attn_kernel.SparseAttentionLauncher()
-    settings = settings or {"aot": (True, {}), "aot_unaligned": (False, {})}
+    settings = settings or {"tactic1": (True, {}), "tactic2": (True, attn_trt.tactic_overrides(2, HEAD_DIM)),
+                            "tactic1_unaligned": (False, {})}
     variants = compiled(settings, lambda aligned, over: attn_trt.aot_launch(
         q.shape, kv.shape, idx.shape, win.shape, BF16, scale, aligned=aligned, overrides=over))
     return compare(f"attention rows={rows}", lambda: launcher(q, kv, idx, win, wmask, sink, scale), variants,
@@ -134,12 +136,13 @@ def engram_case(batch: int, new: int, gen) -> dict:
 
 
 def mhc_case(tokens: int, gen, settings: dict | None = None) -> dict:
-    """settings: label -> (aligned, tokens_hint, launch_config overrides); by default the build's
-    kernel (blocked for many tokens), aligned or not."""
+    """settings: label -> (aligned, tokens_hint, launch_config overrides); by default the plugin's
+    tactics, and the first compiled for any pointer alignment."""
     args = [a.cuda() for a in mhc_inputs(tokens, gen)]
     attrs = (20, 1e-6, 1e-6)
     launcher = mhc_kernel.MhcBoundaryLauncher()
-    settings = settings or {"aot": (True, 1 << 20, {}), "aot_unaligned": (False, 1 << 20, {})}
+    settings = settings or {"tactic1": (True, *mhc_trt.tactic_setting(1)), "tactic2": (True, *mhc_trt.tactic_setting(2)),
+                            "tactic1_unaligned": (False, *mhc_trt.tactic_setting(1))}
     variants = compiled(settings, lambda aligned, hint, over: mhc_trt.aot_launch(
         args[0].shape, BF16, *attrs, aligned=aligned, tokens_hint=hint, overrides=over))
     c, e = args[0].shape[2:]

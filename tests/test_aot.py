@@ -25,17 +25,20 @@ def test_aot_kernels_for_tiny(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "scripts" / "aot_kernels.py"), "--config", "tiny",
                     "--dtype", "bf16", "--out", str(tmp_path)], check=True, env=env, timeout=300)
     index = json.loads((tmp_path / "kernels.json").read_text())
+    # tiny's head_dim 32 gives the attention one tactic (DECODE retiles wide heads only)
     assert sorted(index) == ["Csa2IndexScore", "Csa2IndexScore_tactic2", "Csa2SparseAttention",
-                             "EngramHashGather_layer1", "EngramHashGather_layer3", "MhcBoundary"]
+                             "EngramHashGather_layer1", "EngramHashGather_layer3", "MhcBoundary",
+                             "MhcBoundary_tactic2"]
     # what TensorRT passes: the input pointers, the aot_impl's extra ints, the output pointers
-    trt_args = {"Csa2IndexScore": 4 + 2 + 1, "Csa2IndexScore_tactic2": 4 + 2 + 1, "Csa2SparseAttention": 6 + 5 + 1,
-                "EngramHashGather_layer1": 2 + 1 + 1, "EngramHashGather_layer3": 2 + 1 + 1, "MhcBoundary": 9 + 3 + 5}
+    trt_args = {"Csa2IndexScore": 4 + 2 + 1, "Csa2SparseAttention": 6 + 5 + 1, "EngramHashGather": 2 + 1 + 1,
+                "MhcBoundary": 9 + 3 + 5}
     for name, k in index.items():
+        op = name.split("_")[0]
         ptx = (tmp_path / f"{name}.ptx").read_text()
         assert ".target sm_90" in ptx and f".entry {k['entry']}(" in ptx, name
         assert k["block_x"] == 32 * k["num_warps"]
         assert 0 <= k["shared_mem"] <= 227 * 1024, f"{name}: {k['shared_mem']} B of shared memory"
-        assert k["declared"] == trt_args[name], f"{name} declares {k['declared']} parameters"
+        assert k["declared"] == trt_args[op], f"{name} declares {k['declared']} parameters"
         # Triton appends two scratch pointers after them, which these kernels never touch
         params = ptx_param_types(ptx, k["entry"])
         assert len(params) == k["params"] == k["declared"] + 2 and k["global_scratch"] == 0, name
@@ -71,7 +74,17 @@ assert attn.extra[4] == -(-512 // block_k) + -(-130 // block_k), attn
 gather = engram_trt.aot_launch((4, 3 + 9), (1000, 256), bf16, [3, 5, 7, 9], [11] * 24, list(range(24)), 0, 8)
 assert gather.grid[0] == 36 and gather.extra == (9,), gather
 mhc = mhc_trt.aot_launch((2, 7, 4, 5120), bf16, 20, 1e-6, 1e-6)
-assert mhc.extra == (14, 5120, 1), mhc
+assert mhc.extra == (14, 5120, 1) and mhc.grid == (1, 1, 1), mhc
+few = mhc_trt.aot_launch((2, 7, 4, 5120), bf16, 20, 1e-6, 1e-6, tactic=2)
+assert few.grid == (1, 1, 1) and few.kernel.shared_mem != mhc.kernel.shared_mem, few
+assert mhc_trt.aot_launch((2, 70, 4, 5120), bf16, 20, 1e-6, 1e-6, tactic=2).grid == (9, 1, 1)
+with pytest.raises(ValueError, match="MhcBoundary: tactic 3 is not one of"):
+    mhc_trt.aot_launch((2, 7, 4, 5120), bf16, 20, 1e-6, 1e-6, tactic=3)
+assert attn_trt.tactics(512) == [1, 2] and attn_trt.tactics(64) == [1]
+wide = attn_trt.aot_launch((1, 2, 64, 512), (1, 5000, 512), (1, 2, 512), (1, 130, 512), bf16, 0.04, tactic=2)
+assert wide.kernel.num_warps == 8 and wide.extra[4] == 8 + 3, wide
+with pytest.raises(ValueError, match="tactic 2 is not one of \\[1\\] for head_dim 64"):
+    attn_trt.aot_launch((1, 2, 8, 64), (1, 50, 64), (1, 2, 16), (1, 10, 64), bf16, 0.1, tactic=2)
 
 
 class Params:

@@ -1,8 +1,8 @@
 """The kernels a TensorRT engine would embed, run as TensorRT runs them (plugins/ptx_launch.py): each
 plugin's aot_launch for concrete shapes, its PTX loaded by the CUDA driver, launched with that
 grid and its extra arguments between the input and output pointers, every output poisoned (NaN)
-beforehand and checked against the reference by the §7 rule. Both tactics of Csa2IndexScore, both
-pointer assumptions (aligned, the build's default, and not). Needs a CUDA GPU (sm_90 PTX)."""
+beforehand and checked against the reference by the §7 rule. Every tactic, and both pointer
+assumptions (aligned, the build's default, and not). Needs a CUDA GPU (sm_90 PTX)."""
 
 from __future__ import annotations
 
@@ -69,12 +69,13 @@ def test_aot_index_score_fp32_unaligned(gen):
         kernel(aligned, [*cuda(q, w), keys, visible.cuda()], nan_outputs(((2, 3, 999), torch.float32)))
 
 
-@pytest.mark.parametrize("aligned", [True, False])
+@pytest.mark.parametrize("tactic,aligned", [(1, True), (2, True), (1, False)])
 @pytest.mark.parametrize("s", [1, 3])
-def test_aot_sparse_attention(gen, s, aligned):
+def test_aot_sparse_attention(gen, s, tactic, aligned):
     args = attention_inputs(gen, s)
     q, kv, idx, win, mask, sink, scale = args
-    launch = attn_trt.aot_launch(q.shape, kv.shape, idx.shape, win.shape, BF16, scale, aligned=aligned)
+    launch = attn_trt.aot_launch(q.shape, kv.shape, idx.shape, win.shape, BF16, scale, aligned=aligned,
+                                 tactic=tactic)
     (out,) = run(launch, cuda(q, kv, idx, win, mask, sink), nan_outputs((tuple(q.shape), BF16)))
     assert_kernel_matches(out, attn_ref.csa2_sparse_attention, args, {}, BF16, "sparse attention (AOT)")
 
@@ -88,11 +89,12 @@ def test_aot_engram_gather(gen, batch, new):
     assert torch.equal(out.cpu(), engram_ref.engram_hash_gather(cids, table, mult, primes, offsets, 3, 8))
 
 
+@pytest.mark.parametrize("tactic", [1, 2])
 @pytest.mark.parametrize("tokens", [1, 300])
-def test_aot_mhc_boundary(gen, tokens):
+def test_aot_mhc_boundary(gen, tokens, tactic):
     args = mhc_inputs(gen, tokens)
     attrs = {"iters": 20, "hc_eps": 1e-6, "rms_eps": 1e-6}
-    launch = mhc_trt.aot_launch(tuple(args[0].shape), BF16, **attrs)
+    launch = mhc_trt.aot_launch(tuple(args[0].shape), BF16, **attrs, tactic=tactic)
     c, e = args[0].shape[2:]
     outs = nan_outputs((tuple(args[0].shape), BF16), ((1, tokens, e), BF16), ((1, tokens, c), torch.float32),
                        ((1, tokens, c), torch.float32), ((1, tokens, c, c), torch.float32))

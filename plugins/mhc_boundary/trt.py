@@ -4,7 +4,9 @@ installed); `register()` adds the plugin where TensorRT imports.
 
 TensorRT's AOT plugins get no workspace, so the plugin uses the whole-row path (SPLIT = 0: one
 program per token block, no cross-program sums); the split path that spreads a decode token's
-channels over the GPU needs the JIT launcher's self-clearing workspace.
+channels over the GPU needs the JIT launcher's self-clearing workspace. Two tactics, timed by
+TensorRT per optimization profile: blocks of 64 token rows (prefill) and a blocking for few tokens
+(decode); see tactic_setting.
 """
 
 from __future__ import annotations
@@ -50,10 +52,31 @@ def aot_kernel(dtype: torch.dtype, tokens_hint: int, hc: int, hidden: int, iters
                        num_stages=cfg.get("num_stages"), aligned=aligned), cfg
 
 
+ROW_BLOCKS, FEW_TOKENS = 1, 2  # tactic ids (TensorRT wants positive integers)
+
+
+def tactic_setting(tactic: int) -> tuple[int, dict]:
+    """(tokens_hint, launch_config overrides) of a tactic; 0 (TensorRT's default) is ROW_BLOCKS.
+    ROW_BLOCKS: 64 token rows per program, the projection on the tensor cores (prefill; as fast
+    as the JIT launch at 8,192 tokens). FEW_TOKENS: decode, where a program per 64 rows leaves
+    one program for the whole step (scripts/bench_aot.py --sweep)."""
+    tactic = tactic or ROW_BLOCKS
+    if tactic not in (ROW_BLOCKS, FEW_TOKENS):
+        raise ValueError(f"MhcBoundary: tactic {tactic} is not one of {[ROW_BLOCKS, FEW_TOKENS]}")
+    # H200 sweep (bench_aot.py --sweep, 2026-12-03), whole rows per program, one token: 274 us
+    # blocked for 64 rows, 140 us for 16 (tokens_hint 64: the tensor cores' smallest block; 141 us
+    # at 8 tokens, 145 at 64), 189 us one row per program with 128-channel chunks and 8 warps
+    return (1 << 20, {}) if tactic == ROW_BLOCKS else (64, {})
+
+
 def aot_launch(streams_shape, dtype: torch.dtype, iters: int, hc_eps: float, rms_eps: float,
-               aligned: bool = True, tokens_hint: int = 1 << 20, overrides: dict | None = None) -> AotLaunch:
+               aligned: bool = True, tactic: int = ROW_BLOCKS, tokens_hint: int | None = None,
+               overrides: dict | None = None) -> AotLaunch:
     """The launch for streams [B, S, C, E] (ints or TensorRT shape expressions): whole rows per
-    program, compiled for any token count (blocked for about `tokens_hint` tokens)."""
+    program, compiled for any token count; the tactic's blocking unless `tokens_hint` (with
+    `overrides`) is given (sweeps)."""
+    if tokens_hint is None:
+        tokens_hint, overrides = tactic_setting(tactic)
     hc, hidden = constant(streams_shape[2]), constant(streams_shape[3])
     compiled, cfg = aot_kernel(dtype, tokens_hint, hc, hidden, iters, hc_eps, rms_eps, aligned, overrides)
     tokens = streams_shape[0] * streams_shape[1]
@@ -79,8 +102,14 @@ def register() -> None:
                 trtp.from_shape_expr((b, s, c), dtype=f32), trtp.from_shape_expr((b, s, c), dtype=f32),
                 trtp.from_shape_expr((b, s, c, c), dtype=f32))
 
+    @trtp.autotune(plugin_id)
+    def _tune(streams, y, post, comb, pre, fn, base, scale, norm_weight, outputs):
+        x = "BF16|FP16|FP32"
+        io = ", ".join([x, x] + ["FP32"] * 6 + [x, x, x] + ["FP32"] * 3)
+        return [trtp.AutoTuneCombination(io, "LINEAR", [ROW_BLOCKS, FEW_TOKENS])]
+
     @trtp.aot_impl(plugin_id)
     def _aot(streams, y, post, comb, pre, fn, base, scale, norm_weight, iters: int, hc_eps: float,
              rms_eps: float, outputs, tactic: int):
         return aot_launch(streams.shape_expr, torch_dtypes(trt)[streams.dtype], iters, hc_eps,
-                          rms_eps).for_trt(trtp)
+                          rms_eps, tactic=tactic).for_trt(trtp)
