@@ -38,7 +38,7 @@ def plugin_kernels(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, vocab_
         kernels[_tactic_name("Csa2SparseAttention", tactic)] = attn_trt.aot_kernel(
             dtype, cfg.num_attention_heads, cfg.head_dim, cfg.head_dim ** -0.5,
             overrides=attn_trt.tactic_overrides(tactic, cfg.head_dim))
-    for tactic in (mhc_trt.ROW_BLOCKS, mhc_trt.FEW_TOKENS):
+    for tactic in mhc_trt.tactics(cfg.hc_mult, cfg.hidden_size, dtype):
         hint, over = mhc_trt.tactic_setting(tactic)
         kernels[_tactic_name("MhcBoundary", tactic)] = mhc_trt.aot_kernel(
             dtype, hint, cfg.hc_mult, cfg.hidden_size, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps,
@@ -60,7 +60,8 @@ def write_plugin_kernels(kernels: dict[str, tuple], out_dir: Path) -> Path:
         (out_dir / f"{name}.ptx").write_text(k.ptx)
         index[name] = {"entry": k.name, "num_warps": k.num_warps, "block_x": k.block_x,
                        "shared_mem": k.shared_mem, "params": k.params, "declared": k.declared,
-                       "global_scratch": k.global_scratch, "aligned": k.aligned, "launch": cfg, "arch": "sm_90"}
+                       "global_scratch": k.global_scratch, "aligned": k.aligned, "launch": cfg,
+                       "arch": "sm_90"}
     path = out_dir / "kernels.json"
     path.write_text(json.dumps(index, indent=1, sort_keys=True))
     return path

@@ -128,7 +128,8 @@ def compile_ptx(kernel, signature: dict, constexprs: dict, num_warps: int, arch:
     return AotKernel(name=compiled.metadata.name, ptx=ptx, num_warps=compiled.metadata.num_warps,
                      shared_mem=compiled.metadata.shared, params=entry.count(".param"),
                      declared=sum(1 for a in fn.arg_names if a not in constexprs),
-                     global_scratch=int(getattr(compiled.metadata, "global_scratch_size", 0)), aligned=aligned)
+                     global_scratch=int(getattr(compiled.metadata, "global_scratch_size", 0)),
+                     aligned=aligned)
 
 
 def cdiv_expr(a, b: int):

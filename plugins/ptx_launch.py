@@ -62,13 +62,14 @@ class PtxKernel:
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"PtxKernel needs a CUDA device, got {device}")
-        self.device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+        index = torch.cuda.current_device() if device.index is None else device.index
+        self.device = torch.device("cuda", index)
         torch.cuda.synchronize(self.device)  # initialises torch's context and makes it current
         self.kernel = launch.kernel
         self.params = ptx_param_types(self.kernel.ptx, self.kernel.name)
         if self.kernel.global_scratch:
-            raise ValueError(f"{self.kernel.name} needs {self.kernel.global_scratch} B of global scratch, which "
-                             "TensorRT does not give an AOT kernel")
+            raise ValueError(f"{self.kernel.name} needs {self.kernel.global_scratch} B of global scratch, "
+                             "which TensorRT does not give an AOT kernel")
         limit = torch.cuda.get_device_properties(self.device).shared_memory_per_block_optin
         if self.kernel.shared_mem > limit:
             raise ValueError(f"{self.kernel.name} needs {self.kernel.shared_mem} B of shared memory; "
@@ -107,8 +108,9 @@ class PtxKernel:
                 if kind != "u64":
                     raise ValueError(f"{self.kernel.name} parameter {i} is .{kind}, got a tensor")
                 if arg.device != self.device or not arg.is_contiguous():
-                    raise ValueError(f"{self.kernel.name} parameter {i}: a contiguous tensor on {self.device} "
-                                     f"is needed, got one on {arg.device} (contiguous: {arg.is_contiguous()})")
+                    raise ValueError(f"{self.kernel.name} parameter {i}: a contiguous tensor on "
+                                     f"{self.device} is needed, got one on {arg.device} "
+                                     f"(contiguous: {arg.is_contiguous()})")
                 if self.kernel.aligned and arg.data_ptr() % 16:
                     raise ValueError(f"{self.kernel.name} parameter {i}: address {arg.data_ptr():#x} is not "
                                      "16-byte aligned, which the kernel was compiled for")
@@ -130,7 +132,8 @@ class PtxKernel:
             raise ValueError(f"the launch is for {launch.kernel.name}, this module holds a different kernel")
         grid = [int(g) for g in launch.grid]
         if min(grid) < 0 or grid[0] >= 2**31 or max(grid[1:]) > 65535:
-            raise ValueError(f"{self.kernel.name}: grid {grid} is outside CUDA's limits (x < 2^31, y, z <= 65535)")
+            raise ValueError(f"{self.kernel.name}: grid {grid} is outside CUDA's limits "
+                             "(x < 2^31, y, z <= 65535)")
         values = self._arguments(inputs, [int(e) for e in launch.extra], outputs)
         if min(grid) == 0:
             return  # an empty tensor: nothing to launch

@@ -94,7 +94,8 @@ def index_case(n: int, gen) -> dict:
     w = torch.randn(1, 1, INDEX_HEADS, generator=gen).cuda()
     k = torch.randn(1, n, INDEX_DIM, generator=gen).to("cuda", BF16)
     visible = torch.ones(1, 1, n, dtype=torch.bool, device="cuda")
-    variants = {f"tactic{t}{'' if aligned else '_unaligned'}": index_trt.aot_launch(q.shape, k.shape, BF16, t, aligned)
+    variants = {f"tactic{t}{'' if aligned else '_unaligned'}":
+                index_trt.aot_launch(q.shape, k.shape, BF16, t, aligned)
                 for t in index_trt.tactics(BF16, INDEX_DIM) for aligned in (True, False)}
     return compare(f"index n={n}", lambda: index_kernel.csa2_index_score(q, w, k, visible), variants,
                    [q, w, k, visible], lambda: [torch.empty(1, 1, n, device="cuda")], 1e-5)
@@ -128,11 +129,14 @@ def engram_case(batch: int, new: int, gen) -> dict:
     mult = [int(m) * 2 + 1 for m in torch.randint(1, 2**30, (ENGRAM_LOOK + 1,), generator=gen)]
     cids = torch.randint(0, 16384, (batch, ENGRAM_LOOK + new), generator=gen).cuda()
     attrs = (mult, primes, offsets, 3, ENGRAM_HEADS)
-    variants = {"aot" + ("" if aligned else "_unaligned"): engram_trt.aot_launch(cids.shape, table.shape, BF16, *attrs,
-                                                                                 aligned=aligned)
+    variants = {"aot" + ("" if aligned else "_unaligned"):
+                engram_trt.aot_launch(cids.shape, table.shape, BF16, *attrs, aligned=aligned)
                 for aligned in (True, False)}
-    return compare(f"engram {batch}x{new}", lambda: engram_kernel.engram_hash_gather(cids, table, *attrs), variants,
-                   [cids, table], lambda: [torch.empty(batch, new, cols, ENGRAM_DIM, dtype=BF16, device="cuda")], 0.0)
+
+    def outputs():
+        return [torch.empty(batch, new, cols, ENGRAM_DIM, dtype=BF16, device="cuda")]
+    return compare(f"engram {batch}x{new}", lambda: engram_kernel.engram_hash_gather(cids, table, *attrs),
+                   variants, [cids, table], outputs, 0.0)
 
 
 def mhc_case(tokens: int, gen, settings: dict | None = None) -> dict:
@@ -141,7 +145,7 @@ def mhc_case(tokens: int, gen, settings: dict | None = None) -> dict:
     args = [a.cuda() for a in mhc_inputs(tokens, gen)]
     attrs = (20, 1e-6, 1e-6)
     launcher = mhc_kernel.MhcBoundaryLauncher()
-    settings = settings or {"tactic1": (True, *mhc_trt.tactic_setting(1)), "tactic2": (True, *mhc_trt.tactic_setting(2)),
+    settings = settings or {**{f"tactic{t}": (True, *mhc_trt.tactic_setting(t)) for t in (1, 2, 3)},
                             "tactic1_unaligned": (False, *mhc_trt.tactic_setting(1))}
     variants = compiled(settings, lambda aligned, hint, over: mhc_trt.aot_launch(
         args[0].shape, BF16, *attrs, aligned=aligned, tokens_hint=hint, overrides=over))
@@ -150,7 +154,8 @@ def mhc_case(tokens: int, gen, settings: dict | None = None) -> dict:
     def outputs():
         f32 = torch.float32
         return [torch.empty_like(args[0]), torch.empty(1, tokens, e, dtype=BF16, device="cuda"),
-                torch.empty(1, tokens, c, dtype=f32, device="cuda"), torch.empty(1, tokens, c, dtype=f32, device="cuda"),
+                torch.empty(1, tokens, c, dtype=f32, device="cuda"),
+                torch.empty(1, tokens, c, dtype=f32, device="cuda"),
                 torch.empty(1, tokens, c, c, dtype=f32, device="cuda")]
     return compare(f"mhc tokens={tokens}", lambda: launcher(*args, *attrs), variants, args, outputs, 1e-2)
 
@@ -162,18 +167,22 @@ def sweep(gen) -> dict:
     mhc = {f"hint{hint} {over}": (True, hint, over) for hint in (1, 4, 64, 1 << 20)
            for over in ({}, {"num_warps": 8})}
     mhc |= {f"hint{hint} {over}": (True, hint, over) for hint in (1, 4)
-            for over in ({"BLOCK_E": 64}, {"BLOCK_E": 128, "num_warps": 8}, {"num_stages": 2}, {"num_stages": 4})}
+            for over in ({"BLOCK_E": 64}, {"BLOCK_E": 128, "num_warps": 8}, {"num_stages": 2},
+                         {"num_stages": 4})}
+    mhc |= {f"hint{hint} {over}": (True, hint, over) for hint in (1, 4, 64)  # clusters of 8 CTAs
+            for over in ({"CLUSTER": 8}, {"CLUSTER": 8, "num_warps": 8}, {"CLUSTER": 8, "BLOCK_E": 64})}
     attn = {str(over): (True, over) for over in (
-        {}, {"num_stages": 1}, {"num_stages": 2}, {"num_stages": 4}, {"BLOCK_K": 64}, {"BLOCK_K": 64, "num_stages": 2},
-        {"num_warps": 8}, {"BLOCK_K": 64, "num_warps": 8}, {"BLOCK_H": 32}, {"BLOCK_H": 32, "num_warps": 8},
-        {"BLOCK_H": 64, "num_warps": 8})}
+        {}, {"num_stages": 1}, {"num_stages": 2}, {"num_stages": 4}, {"BLOCK_K": 64},
+        {"BLOCK_K": 64, "num_stages": 2}, {"num_warps": 8}, {"BLOCK_K": 64, "num_warps": 8}, {"BLOCK_H": 32},
+        {"BLOCK_H": 32, "num_warps": 8}, {"BLOCK_H": 64, "num_warps": 8})}
     res = {f"mhc tokens={t}": mhc_case(t, gen, mhc) for t in (1, 8, 64)}
     res |= {f"attention rows={r}": attention_case(r, gen, attn) for r in (1, 64)}
     return res
 
 
 def report(res: dict) -> None:
-    print(f"\nAOT (TensorRT's kernels, run by the CUDA driver) against the JIT launchers, {res['gpu']}, {res['date']}")
+    print(f"\nAOT (TensorRT's kernels, run by the CUDA driver) against the JIT launchers, {res['gpu']}, "
+          f"{res['date']}")
     print(f"{'case':<24} {'JIT':>9}  AOT variants (x JIT time)")
     for case, r in res["cases"].items():
         aot = [f"{k[:-3]} {v:.1f} us ({v / r['jit_us']:.2f}x)" for k, v in r.items()
@@ -184,7 +193,8 @@ def report(res: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--sweep", action="store_true", help="also sweep the mHC and attention AOT launch settings")
+    ap.add_argument("--sweep", action="store_true", help="also sweep mHC and attention AOT launch settings")
+    ap.add_argument("--sweep-only", action="store_true", help="only the sweep")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     out = Path(args.out)
@@ -192,20 +202,24 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     res = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M"),
            "torch": torch.__version__, "triton": triton.__version__, "cases": {}}
-    cases = [("index n=16384", lambda: index_case(16384, gen)), ("index n=131072", lambda: index_case(131072, gen)),
-             ("attention rows=1", lambda: attention_case(1, gen)), ("attention rows=64", lambda: attention_case(64, gen)),
-             ("engram decode b=1", lambda: engram_case(1, 1, gen)), ("engram prefill 8192", lambda: engram_case(1, 8192, gen)),
+    cases = [("index n=16384", lambda: index_case(16384, gen)),
+             ("index n=131072", lambda: index_case(131072, gen)),
+             ("attention rows=1", lambda: attention_case(1, gen)),
+             ("attention rows=64", lambda: attention_case(64, gen)),
+             ("engram decode b=1", lambda: engram_case(1, 1, gen)),
+             ("engram prefill 8192", lambda: engram_case(1, 8192, gen)),
              ("mhc tokens=1", lambda: mhc_case(1, gen)), ("mhc tokens=8192", lambda: mhc_case(8192, gen))]
-    for name, case in tqdm(cases, desc="aot"):
+    for name, case in tqdm([] if args.sweep_only else cases, desc="aot"):
         res["cases"][name] = case()
         torch.cuda.empty_cache()
         (out / "bench_aot.json").write_text(json.dumps(res, indent=1))
     report(res)
-    if args.sweep:
+    if args.sweep or args.sweep_only:
         res["sweep"] = sweep(gen)
         (out / "bench_aot.json").write_text(json.dumps(res, indent=1))
         for case, r in res["sweep"].items():
-            timed = [(v, k[:-3]) for k, v in r.items() if k.endswith("_us") and k != "jit_us" and not math.isnan(v)]
+            timed = [(v, k[:-3]) for k, v in r.items()
+                     if k.endswith("_us") and k != "jit_us" and not math.isnan(v)]
             best = sorted(timed)[:4]
             logging.info("sweep best %s (JIT %.1f us): %s", case, r["jit_us"],
                          "; ".join(f"{v:.1f} us {k}" for v, k in best))

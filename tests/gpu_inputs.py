@@ -41,6 +41,7 @@ def attention_inputs(gen, s, n=5000, k=512):
     """(q, kv, idx, win_kv, win_mask, sink, scale) for s query rows at the released head sizes:
     indices from -1 (none) up, a window of 128 + s keys partly masked."""
     t = 128 + s
-    return (torch.randn(1, s, 64, 512, generator=gen).to(BF16), torch.randn(1, n, 512, generator=gen).to(BF16),
+    return (torch.randn(1, s, 64, 512, generator=gen).to(BF16),
+            torch.randn(1, n, 512, generator=gen).to(BF16),
             torch.randint(-1, n, (1, s, k), generator=gen), torch.randn(1, t, 512, generator=gen).to(BF16),
             torch.rand(1, s, t, generator=gen) > 0.3, torch.randn(64, generator=gen), 512 ** -0.5)

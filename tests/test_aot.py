@@ -78,8 +78,14 @@ assert mhc.extra == (14, 5120, 1) and mhc.grid == (1, 1, 1), mhc
 few = mhc_trt.aot_launch((2, 7, 4, 5120), bf16, 20, 1e-6, 1e-6, tactic=2)
 assert few.grid == (1, 1, 1) and few.kernel.shared_mem != mhc.kernel.shared_mem, few
 assert mhc_trt.aot_launch((2, 70, 4, 5120), bf16, 20, 1e-6, 1e-6, tactic=2).grid == (9, 1, 1)
-with pytest.raises(ValueError, match="MhcBoundary: tactic 3 is not one of"):
-    mhc_trt.aot_launch((2, 7, 4, 5120), bf16, 20, 1e-6, 1e-6, tactic=3)
+with pytest.raises(ValueError, match="MhcBoundary: tactic 4 is not one of"):
+    mhc_trt.aot_launch((2, 7, 4, 5120), bf16, 20, 1e-6, 1e-6, tactic=4)
+clustered = mhc_trt.aot_launch((2, 7, 4, 5120), bf16, 20, 1e-6, 1e-6, tactic=3)
+assert clustered.grid == (8, 1, 1) and ".reqnctapercluster 8, 1, 1" in clustered.kernel.ptx, clustered.grid
+assert clustered.kernel.ptx.count("barrier.cluster.arrive.release") == 2
+assert mhc_trt.tactics(4, 5120, bf16) == [1, 2, 3] and mhc_trt.tactics(4, 64, bf16) == [1, 2]
+with pytest.raises(ValueError, match="hidden 64 is too narrow for clusters of 8 CTAs"):
+    mhc_trt.aot_launch((1, 1, 4, 64), bf16, 20, 1e-6, 1e-6, tactic=3)
 assert attn_trt.tactics(512) == [1, 2] and attn_trt.tactics(64) == [1]
 wide = attn_trt.aot_launch((1, 2, 64, 512), (1, 5000, 512), (1, 2, 512), (1, 130, 512), bf16, 0.04, tactic=2)
 assert wide.kernel.num_warps == 8 and wide.extra[4] == 8 + 3, wide

@@ -48,7 +48,8 @@ def test_aot_index_score_tactics(gen, tactic, s, n):
     visible = torch.rand(1, s, n, generator=gen) > 0.2
     launch = index_trt.aot_launch(tuple(q.shape), tuple(k.shape), BF16, tactic)
     (out,) = run(launch, cuda(q, w, k, visible), nan_outputs(((1, s, n), torch.float32)))
-    assert_kernel_matches(out, index_ref.csa2_index_score, (q, w, k, visible), {}, BF16, f"index tactic {tactic}")
+    assert_kernel_matches(out, index_ref.csa2_index_score, (q, w, k, visible), {}, BF16,
+                          f"index tactic {tactic}")
 
 
 def test_aot_index_score_fp32_unaligned(gen):
@@ -63,7 +64,8 @@ def test_aot_index_score_fp32_unaligned(gen):
     keys = torch.randn(2 * 999 * 72 + 1, device="cuda")[1:]  # 4-byte aligned, not 16
     keys.copy_(k.reshape(-1).cuda())
     (out,) = run(launch, [*cuda(q, w), keys, visible.cuda()], nan_outputs(((2, 3, 999), torch.float32)))
-    assert_kernel_matches(out, index_ref.csa2_index_score, (q, w, k, visible), {}, torch.float32, "index fp32")
+    assert_kernel_matches(out, index_ref.csa2_index_score, (q, w, k, visible), {}, torch.float32,
+                          "index fp32")
     aligned = index_trt.aot_launch(tuple(q.shape), tuple(k.shape), torch.float32)
     with PtxKernel(aligned) as kernel, pytest.raises(ValueError, match="not 16-byte aligned"):
         kernel(aligned, [*cuda(q, w), keys, visible.cuda()], nan_outputs(((2, 3, 999), torch.float32)))
@@ -89,9 +91,10 @@ def test_aot_engram_gather(gen, batch, new):
     assert torch.equal(out.cpu(), engram_ref.engram_hash_gather(cids, table, mult, primes, offsets, 3, 8))
 
 
-@pytest.mark.parametrize("tactic", [1, 2])
+@pytest.mark.parametrize("tactic", [1, 2, 3])
 @pytest.mark.parametrize("tokens", [1, 300])
 def test_aot_mhc_boundary(gen, tokens, tactic):
+    """Tactic 3 runs clusters of 8 CTAs that exchange their sums through the outputs."""
     args = mhc_inputs(gen, tokens)
     attrs = {"iters": 20, "hc_eps": 1e-6, "rms_eps": 1e-6}
     launch = mhc_trt.aot_launch(tuple(args[0].shape), BF16, **attrs, tactic=tactic)

@@ -52,7 +52,8 @@ def aot_kernel(dtype: torch.dtype, heads: int, dim: int, tactic: int = ONE_BLOCK
                        aligned=aligned), cfg
 
 
-def aot_launch(q_shape, k_shape, dtype: torch.dtype, tactic: int = ONE_BLOCK, aligned: bool = True) -> AotLaunch:
+def aot_launch(q_shape, k_shape, dtype: torch.dtype, tactic: int = ONE_BLOCK,
+               aligned: bool = True) -> AotLaunch:
     """The launch for q [B, S, I, J] and keys [B, N, J] (ints or TensorRT shape expressions)."""
     compiled, cfg = aot_kernel(dtype, constant(q_shape[2]), constant(q_shape[3]), tactic, aligned)
     grid = (q_shape[0] * q_shape[1], cdiv_expr(k_shape[1], cfg["BLOCK_N"] * cfg.get("BLOCKS", 1)), 1)

@@ -51,7 +51,8 @@ def tactic_overrides(tactic: int, dim: int) -> dict:
     47.1); at 64 rows no setting beat launch_config by more than 3%."""
     tactic = tactic or ROWS
     if tactic not in tactics(dim):
-        raise ValueError(f"Csa2SparseAttention: tactic {tactic} is not one of {tactics(dim)} for head_dim {dim}")
+        raise ValueError(f"Csa2SparseAttention: tactic {tactic} is not one of {tactics(dim)} for "
+                         f"head_dim {dim}")
     return {"BLOCK_K": 64, "num_warps": 8} if tactic == DECODE else {}
 
 
@@ -89,8 +90,8 @@ def register() -> None:
 
     @trtp.autotune(plugin_id)
     def _tune(q, kv, idx, win_kv, win_mask, sink, scale, outputs):
-        return [trtp.AutoTuneCombination("FP32|BF16|FP16, FP32|BF16|FP16, INT64, FP32|BF16|FP16, BOOL, "
-                                         "FP32, FP32|BF16|FP16", "LINEAR", tactics(constant(q.shape_expr[3])))]
+        io = "FP32|BF16|FP16, FP32|BF16|FP16, INT64, FP32|BF16|FP16, BOOL, FP32, FP32|BF16|FP16"
+        return [trtp.AutoTuneCombination(io, "LINEAR", tactics(constant(q.shape_expr[3])))]
 
     @trtp.aot_impl(plugin_id)
     def _aot(q: trtp.TensorDesc, kv: trtp.TensorDesc, idx: trtp.TensorDesc, win_kv: trtp.TensorDesc,

@@ -64,5 +64,6 @@ def register() -> None:
     @trtp.aot_impl(plugin_id)
     def _aot(cids: trtp.TensorDesc, table: trtp.TensorDesc, multipliers: np.ndarray, primes: np.ndarray,
              offsets: np.ndarray, pad_id: int, heads: int, outputs, tactic: int):
-        return aot_launch(cids.shape_expr, table.shape_expr, torch_dtypes(trt)[table.dtype], multipliers.tolist(),
-                          primes.tolist(), offsets.tolist(), pad_id, heads).for_trt(trtp)
+        return aot_launch(cids.shape_expr, table.shape_expr, torch_dtypes(trt)[table.dtype],
+                          multipliers.tolist(), primes.tolist(), offsets.tolist(), pad_id,
+                          heads).for_trt(trtp)

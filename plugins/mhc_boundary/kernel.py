@@ -207,16 +207,79 @@ def _merge_and_finish(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, x_ptr, nw_pt
 
 
 @triton.jit
+def _cluster_sync(token):
+    """Every thread of every CTA of the cluster arrives (release) and waits (acquire): the global
+    stores before it are visible to the cluster's loads after it (PTX barrier.cluster). Returns an
+    opaque 0 (depends on `token`, an int32) that the loads after it add to their offsets, so no
+    compiler pass can move them above it."""
+    return tl.inline_asm_elementwise(
+        "barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n\tmov.u32 $0, 0;",
+        "=r,r", [token], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _cluster_finish(acc, sumsq_r, sumsq_x, rank, c_lo, c_hi, t64, tmask, pre, new_ptr, x_ptr, nw_ptr,
+                    base_ptr, scale_ptr, pre_out, post_out, comb_out, C: tl.constexpr, E: tl.constexpr,
+                    M: tl.constexpr, MP: tl.constexpr, ITERS: tl.constexpr, HC_EPS: tl.constexpr,
+                    RMS_EPS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, PER: tl.constexpr,
+                    CLUSTER: tl.constexpr):
+    """Cluster path (TensorRT, few tokens): the CLUSTER CTAs of a cluster hold one token block's
+    partial sums over their channels. With no workspace to exchange them in, each CTA writes its
+    M + 2 partials (fp32) over the first words of its own x columns; after a cluster barrier every
+    CTA sums all of them in rank order (the same totals everywhere, deterministic), and after a
+    second one (all partials read) rewrites its x columns normalised: x again from the new streams
+    it stored (the same products and rounding as _mix_chunk). Rank 0 writes the coefficients."""
+    m = tl.arange(0, MP)
+    mm = tmask[:, None] & (m < M)[None, :]
+    own = (x_ptr + t64 * E + c_lo * BLOCK_E).to(tl.pointer_type(tl.float32))
+    tl.debug_barrier()  # the CTA's x stores are done before the partials overwrite some of them
+    tl.store(own[:, None] + m[None, :], acc, mask=mm)
+    tl.store(own + M, sumsq_r, mask=tmask)
+    tl.store(own + M + 1, sumsq_x, mask=tmask)
+    zero = _cluster_sync(rank)
+    acc = tl.zeros([BLOCK_T, MP], dtype=tl.float32)
+    sumsq_r = tl.zeros([BLOCK_T], dtype=tl.float32)
+    sumsq_x = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for r in tl.static_range(CLUSTER):
+        part = (x_ptr + t64 * E + (r * PER * BLOCK_E + zero)).to(tl.pointer_type(tl.float32))
+        acc += tl.load(part[:, None] + m[None, :], mask=mm, other=0.0, cache_modifier=".cg")
+        sumsq_r += tl.load(part + M, mask=tmask, other=0.0, cache_modifier=".cg")
+        sumsq_x += tl.load(part + M + 1, mask=tmask, other=0.0, cache_modifier=".cg")
+    zero = _cluster_sync(zero)
+    rstd_x = tl.rsqrt(sumsq_x / E + RMS_EPS)
+    for c in range(c_lo, c_hi):
+        e = c * BLOCK_E + zero + tl.arange(0, BLOCK_E)
+        emask = e < E
+        m2 = tmask[:, None] & emask[None, :]
+        x_acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+        for k in tl.static_range(C):
+            nf = tl.load(new_ptr + (t64[:, None] * C + k) * E + e[None, :], mask=m2, other=0.0,
+                         cache_modifier=".cg").to(tl.float32)
+            x_acc += pre[k][:, None] * nf
+        x = x_acc.to(x_ptr.dtype.element_ty).to(tl.float32)
+        w = tl.load(nw_ptr + e, mask=emask, other=0.0).to(tl.float32)
+        normed = (x * rstd_x[:, None] * w[None, :]).to(x_ptr.dtype.element_ty)
+        tl.store(x_ptr + t64[:, None] * E + e[None, :], normed, mask=m2)
+    if rank == 0:
+        base, s_pre, s_post, s_comb = _load_site(base_ptr, scale_ptr, M, MP)
+        _next_coefficients(acc, sumsq_r, t64, tmask, base, s_pre, s_post, s_comb, pre_out, post_out, comb_out,
+                           E, ITERS, HC_EPS, RMS_EPS, C, M, MP)
+
+
+@triton.jit
 def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr, base_ptr, scale_ptr,
                         nw_ptr, T, chunks_per_split, n_split, new_ptr, x_ptr, pre_out, post_out, comb_out,
                         ws_acc, ws_sq, counter,
                         C: tl.constexpr, E: tl.constexpr, M: tl.constexpr, MP: tl.constexpr,
                         ITERS: tl.constexpr, HC_EPS: tl.constexpr, RMS_EPS: tl.constexpr,
                         BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, NSP: tl.constexpr,
-                        NORM_E: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr, ONCE: tl.constexpr):
+                        NORM_E: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr, ONCE: tl.constexpr,
+                        CLUSTER: tl.constexpr = 1):
     # TensorRT's AOT order: inputs, integer scalars, outputs. The workspace comes last: the
-    # TensorRT build compiles SPLIT = 0, which never touches it.
-    pid_t = tl.program_id(0)
+    # TensorRT build compiles SPLIT = 0, which never touches it. CLUSTER > 1 (TensorRT only, its
+    # PTX declaring clusters of that many CTAs): the CTAs of a cluster split one token block's
+    # channels and exchange their sums through the outputs (_cluster_finish).
+    pid_t = tl.program_id(0) // CLUSTER
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
     t64 = t.to(tl.int64)
@@ -228,9 +291,13 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
     # the masked stores (16 B per thread). With a runtime channel bound it stored one bf16 per
     # thread, kept x's sum in two layouts, and needed 255 registers plus spills (ptxas, sm_90a).
     n_chunks: tl.constexpr = (E + BLOCK_E - 1) // BLOCK_E
+    per_cta: tl.constexpr = (n_chunks + CLUSTER - 1) // CLUSTER
     if SPLIT:
         c_lo = tl.program_id(1) * chunks_per_split
         c_hi = tl.minimum(c_lo + chunks_per_split, n_chunks)
+    elif CLUSTER > 1:
+        c_lo = (tl.program_id(0) % CLUSTER) * per_cta
+        c_hi = tl.minimum(c_lo + per_cta, n_chunks)
     else:
         c_lo = 0
         c_hi = n_chunks
@@ -256,6 +323,10 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
             _merge_and_finish(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, x_ptr, nw_ptr, base_ptr,
                               scale_ptr, pre_out, post_out, comb_out, C, E, M, MP, ITERS, HC_EPS, RMS_EPS,
                               BLOCK_T, NSP, NORM_E)
+    elif CLUSTER > 1:
+        _cluster_finish(acc, sumsq_r, sumsq_x, tl.program_id(0) % CLUSTER, c_lo, c_hi, t64, tmask, pre,
+                        new_ptr, x_ptr, nw_ptr, base_ptr, scale_ptr, pre_out, post_out, comb_out, C, E, M, MP,
+                        ITERS, HC_EPS, RMS_EPS, BLOCK_T, BLOCK_E, per_cta, CLUSTER)
     else:
         tl.debug_barrier()  # this program's unnormalised x rows are written before it rereads them
         base, s_pre, s_post, s_comb = _load_site(base_ptr, scale_ptr, M, MP)

@@ -11,6 +11,8 @@ TensorRT per optimization profile: blocks of 64 token rows (prefill) and a block
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from dsflash.plugins.aot import AotKernel, AotLaunch, cdiv_expr, compile_ptx, constant, pointer
@@ -48,11 +50,18 @@ def aot_kernel(dtype: torch.dtype, tokens_hint: int, hc: int, hidden: int, iters
     workspace = ("ws_acc", "ws_sq", "counter")
     consts |= dict.fromkeys(workspace)
     sig = {k: v for k, v in kernel_signature(dtype).items() if k not in workspace}
-    return compile_ptx(kernel.mhc_boundary_kernel, sig, consts, cfg["num_warps"],
-                       num_stages=cfg.get("num_stages"), aligned=aligned), cfg
+    ctas = cfg.get("CLUSTER", 1)
+    if ctas > 1 and not cluster_fits(hc, hidden, dtype, cfg["BLOCK_E"], ctas):
+        raise ValueError(f"MhcBoundary: hidden {hidden} is too narrow for clusters of {ctas} CTAs "
+                         f"({cfg['BLOCK_E']}-channel chunks)")
+    compiled = compile_ptx(kernel.mhc_boundary_kernel, sig, consts, cfg["num_warps"],
+                           num_stages=cfg.get("num_stages"), aligned=aligned)
+    if ctas > 1:
+        compiled = dataclasses.replace(compiled, ptx=with_cluster_dims(compiled.ptx, compiled.name, ctas))
+    return compiled, cfg
 
 
-ROW_BLOCKS, FEW_TOKENS = 1, 2  # tactic ids (TensorRT wants positive integers)
+ROW_BLOCKS, FEW_TOKENS, CLUSTERED = 1, 2, 3  # tactic ids (TensorRT wants positive integers)
 
 
 def tactic_setting(tactic: int) -> tuple[int, dict]:
@@ -61,12 +70,43 @@ def tactic_setting(tactic: int) -> tuple[int, dict]:
     as the JIT launch at 8,192 tokens). FEW_TOKENS: decode, where a program per 64 rows leaves
     one program for the whole step (scripts/bench_aot.py --sweep)."""
     tactic = tactic or ROW_BLOCKS
-    if tactic not in (ROW_BLOCKS, FEW_TOKENS):
-        raise ValueError(f"MhcBoundary: tactic {tactic} is not one of {[ROW_BLOCKS, FEW_TOKENS]}")
+    if tactic not in (ROW_BLOCKS, FEW_TOKENS, CLUSTERED):
+        raise ValueError(f"MhcBoundary: tactic {tactic} is not one of {[ROW_BLOCKS, FEW_TOKENS, CLUSTERED]}")
     # H200 sweep (bench_aot.py --sweep, 2026-12-03), whole rows per program, one token: 274 us
     # blocked for 64 rows, 140 us for 16 (tokens_hint 64: the tensor cores' smallest block; 141 us
-    # at 8 tokens, 145 at 64), 189 us one row per program with 128-channel chunks and 8 warps
-    return (1 << 20, {}) if tactic == ROW_BLOCKS else (64, {})
+    # at 8 tokens, 145 at 64), 189 us one row per program with 128-channel chunks and 8 warps.
+    # CLUSTERED: the same 16-row blocks, each over a cluster of 8 CTAs splitting the channels
+    # (8: the largest cluster every launch path accepts without an opt-in)
+    return {ROW_BLOCKS: (1 << 20, {}), FEW_TOKENS: (64, {}), CLUSTERED: (64, {"CLUSTER": 8})}[tactic]
+
+
+def cluster_fits(hc: int, hidden: int, dtype: torch.dtype, block_e: int, ctas: int) -> bool:
+    """Whether every CTA of a cluster gets channels, and room in its x columns for its M + 2 fp32
+    partial sums (_cluster_finish)."""
+    chunks = -(-hidden // block_e)
+    per = -(-chunks // ctas)
+    return (ctas - 1) * per < chunks and per * block_e * dtype.itemsize >= ((2 + hc) * hc + 2) * 4
+
+
+def tactics(hc: int, hidden: int, dtype: torch.dtype) -> list[int]:
+    """The tactics that compile for these sizes (CLUSTERED needs enough channels)."""
+    hint, over = tactic_setting(CLUSTERED)
+    block_e = kernel.launch_config(hint, hc, hidden, dtype)["BLOCK_E"]
+    fits = cluster_fits(hc, hidden, dtype, block_e, over["CLUSTER"])
+    return [ROW_BLOCKS, FEW_TOKENS] + ([CLUSTERED] if fits else [])
+
+
+def with_cluster_dims(ptx: str, entry: str, ctas: int) -> str:
+    """The PTX with `entry` declaring clusters of `ctas` CTAs along x (.reqnctapercluster): a plain
+    cuLaunchKernel (what TensorRT calls) then launches clusters, whose CTAs run at the same time
+    and can meet at barrier.cluster."""
+    head, sep, rest = ptx.partition(f".entry {entry}(")
+    params, close, body = rest.partition(")")
+    if not sep or not close or "{" not in body:
+        raise ValueError(f"no .entry {entry} in the PTX")
+    directives, brace, code = body.partition("{")
+    cluster = f"\n.reqnctapercluster {ctas}, 1, 1\n"
+    return head + sep + params + close + directives.rstrip() + cluster + brace + code
 
 
 def aot_launch(streams_shape, dtype: torch.dtype, iters: int, hc_eps: float, rms_eps: float,
@@ -80,8 +120,9 @@ def aot_launch(streams_shape, dtype: torch.dtype, iters: int, hc_eps: float, rms
     hc, hidden = constant(streams_shape[2]), constant(streams_shape[3])
     compiled, cfg = aot_kernel(dtype, tokens_hint, hc, hidden, iters, hc_eps, rms_eps, aligned, overrides)
     tokens = streams_shape[0] * streams_shape[1]
-    # one split owns every channel (SPLIT = 0 ignores chunks_per_split and n_split)
-    return AotLaunch(compiled, (cdiv_expr(tokens, cfg["BLOCK_T"]), 1, 1), (tokens, hidden, 1))
+    # SPLIT = 0 ignores chunks_per_split and n_split; CLUSTER CTAs per token block
+    grid = cdiv_expr(tokens, cfg["BLOCK_T"]) * cfg.get("CLUSTER", 1)
+    return AotLaunch(compiled, (grid, 1, 1), (tokens, hidden, 1))
 
 
 def register() -> None:
@@ -104,9 +145,12 @@ def register() -> None:
 
     @trtp.autotune(plugin_id)
     def _tune(streams, y, post, comb, pre, fn, base, scale, norm_weight, outputs):
-        x = "BF16|FP16|FP32"
-        io = ", ".join([x, x] + ["FP32"] * 6 + [x, x, x] + ["FP32"] * 3)
-        return [trtp.AutoTuneCombination(io, "LINEAR", [ROW_BLOCKS, FEW_TOKENS])]
+        hc, hidden = (constant(streams.shape_expr[i]) for i in (2, 3))
+        combos = []
+        for x, dtype in (("BF16", torch.bfloat16), ("FP16", torch.float16), ("FP32", torch.float32)):
+            io = ", ".join([x, x] + ["FP32"] * 6 + [x, x, x] + ["FP32"] * 3)
+            combos.append(trtp.AutoTuneCombination(io, "LINEAR", tactics(hc, hidden, dtype)))
+        return combos
 
     @trtp.aot_impl(plugin_id)
     def _aot(streams, y, post, comb, pre, fn, base, scale, norm_weight, iters: int, hc_eps: float,
