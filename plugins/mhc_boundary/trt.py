@@ -4,9 +4,10 @@ installed); `register()` adds the plugin where TensorRT imports.
 
 TensorRT's AOT plugins get no workspace, so the plugin uses the whole-row path (SPLIT = 0: one
 program per token block, no cross-program sums); the split path that spreads a decode token's
-channels over the GPU needs the JIT launcher's self-clearing workspace. Two tactics, timed by
-TensorRT per optimization profile: blocks of 64 token rows (prefill) and a blocking for few tokens
-(decode); see tactic_setting.
+channels over the GPU needs the JIT launcher's self-clearing workspace. Three tactics, timed by
+TensorRT per optimization profile (tactic_setting): blocks of 64 token rows (prefill), blocks of
+16, and blocks of 16 whose channels a cluster of 8 CTAs splits, exchanging their sums through the
+outputs between cluster barriers (kernel.py: _cluster_finish; decode).
 """
 
 from __future__ import annotations
