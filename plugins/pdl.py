@@ -84,7 +84,7 @@ def pdl_kernel_specs() -> dict:
     return {
         "index": (index.csa2_index_score_kernel, index_sig, index_consts),
         "index_pipelined": (index.csa2_index_score_kernel, index_sig,
-                            index_consts | {"BLOCK_N": 128, "BLOCKS": 4, "STAGES": 3}),
+                            index_consts | constants(index.pipelined_launch())),
         "index_fp4": (index.csa2_index_score_fp4_kernel, fp4_sig, index_consts),
         "index_fp4_mma": (fp4_mma.csa2_index_score_fp4_mma_kernel, fp4_sig,
                           {"I": 32, "J": 128, "JP": 128, "BLOCK_N": 64, "BLOCKS": 4, "ASM": True}),

@@ -47,10 +47,8 @@ def index_bf16(n: int, gen):
 
 
 def index_fp4(n: int, gen):
-    iq = torch.randn(1, 1, bench.INDEX_HEADS, bench.INDEX_DIM, generator=gen).to("cuda", bench.BF16)
-    iw = torch.randn(1, 1, bench.INDEX_HEADS, generator=gen).cuda()
-    codes, exps = fp4_pow2_pack(torch.randn(1, n, bench.INDEX_DIM, generator=gen).cuda())
-    visible = torch.ones(1, 1, n, dtype=torch.bool, device="cuda")
+    iq, iw, ik, visible = index_args(n, gen)
+    codes, exps = fp4_pow2_pack(ik.float())
     return lambda: index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible)
 
 
