@@ -20,7 +20,9 @@ def plugin_kernels(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, vocab_
     """name -> (AotKernel, launch config) for every distinct kernel the model's plugin graphs use
     (each tactic of a plugin with several: <op>_tactic<n>, the first tactic under the op's name)."""
     from dsflash.plugins.csa2_index_score import trt as index_trt
+    from dsflash.plugins.csa2_sparse_attention import splits
     from dsflash.plugins.csa2_sparse_attention import trt as attn_trt
+    from dsflash.plugins.csa2_sparse_attention import trt_split as attn_split_trt
     from dsflash.plugins.engram_hash_gather import trt as engram_trt
     from dsflash.plugins.mhc_boundary import trt as mhc_trt
 
@@ -38,6 +40,12 @@ def plugin_kernels(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, vocab_
         kernels[_tactic_name("Csa2SparseAttention", tactic)] = attn_trt.aot_kernel(
             dtype, cfg.num_attention_heads, cfg.head_dim, cfg.head_dim ** -0.5,
             overrides=attn_trt.tactic_overrides(tactic, cfg.head_dim))
+    heads, dim = cfg.num_attention_heads, cfg.head_dim
+    block_keys = splits.export_attrs(heads, dim)["block_keys"]
+    for tactic in attn_split_trt.tactics():  # decoder_step's split form
+        kernels[_tactic_name("Csa2SparseAttentionSplit", tactic)] = attn_split_trt.split_kernel(
+            dtype, heads, dim, dim ** -0.5, block_keys, tactic)
+    kernels["Csa2AttentionCombine"] = attn_split_trt.combine_kernel(dtype, heads, dim)
     for tactic in mhc_trt.tactics(cfg.hc_mult, cfg.hidden_size, dtype):
         hint, over = mhc_trt.tactic_setting(tactic)
         kernels[_tactic_name("MhcBoundary", tactic)] = mhc_trt.aot_kernel(

@@ -12,14 +12,14 @@ import torch
 
 DOMAIN = "trt.plugins"
 TORCH_NAMESPACE = "dsflash"
-PORT_DTYPES = {"float": torch.float32, "int64": torch.int64, "bool": torch.bool}
+PORT_DTYPES = {"float": torch.float32, "fp32": torch.float32, "int64": torch.int64, "bool": torch.bool}
 ATTR_KINDS = {"int": "int", "float": "float", "ints": "int[]", "floats": "float[]"}
 
 
 @dataclass(frozen=True)
 class Port:
     name: str
-    dtype: str  # "float" (the model's float dtype), "int64" or "bool"
+    dtype: str  # "float" (the model's float dtype), "fp32" (always), "int64" or "bool"
 
 
 @dataclass(frozen=True)

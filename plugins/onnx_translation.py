@@ -15,7 +15,8 @@ import torch
 from dsflash.plugins.declaration import DOMAIN, OpDecl
 
 _PORT_TYPES = {"float": ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]),
-               "int64": ("tensor(int64)", None), "bool": ("tensor(bool)", None)}
+               "fp32": ("tensor(float)", None), "int64": ("tensor(int64)", None),
+               "bool": ("tensor(bool)", None)}
 
 
 def onnx_schema(decl: OpDecl):

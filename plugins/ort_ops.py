@@ -22,7 +22,7 @@ ORT_DOMAIN = "ai.onnx.contrib"
 def _pyop_types():
     from onnxruntime_extensions import PyCustomOpDef
 
-    return {"float": PyCustomOpDef.dt_float, "int64": PyCustomOpDef.dt_int64,
+    return {"float": PyCustomOpDef.dt_float, "fp32": PyCustomOpDef.dt_float, "int64": PyCustomOpDef.dt_int64,
             "bool": PyCustomOpDef.dt_bool}, {"int": PyCustomOpDef.dt_int64,
                                              "float": PyCustomOpDef.dt_float,
                                              "ints": PyCustomOpDef.dt_string,

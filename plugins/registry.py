@@ -12,13 +12,17 @@ from __future__ import annotations
 import torch
 
 from dsflash.plugins.csa2_index_score.decl import DECL as INDEX_SCORE
+from dsflash.plugins.csa2_sparse_attention import splits
+from dsflash.plugins.csa2_sparse_attention.decl import COMBINE_DECL as ATTENTION_COMBINE
 from dsflash.plugins.csa2_sparse_attention.decl import DECL as SPARSE_ATTENTION
+from dsflash.plugins.csa2_sparse_attention.decl import SPLIT_DECL as SPARSE_ATTENTION_SPLIT
 from dsflash.plugins.declaration import OpDecl
 from dsflash.plugins.engram_hash_gather.decl import DECL as ENGRAM_HASH_GATHER
 from dsflash.plugins.mhc_boundary.decl import DECL as MHC_BOUNDARY
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
-DECLS: tuple[OpDecl, ...] = (ENGRAM_HASH_GATHER, INDEX_SCORE, SPARSE_ATTENTION, MHC_BOUNDARY)
+DECLS: tuple[OpDecl, ...] = (ENGRAM_HASH_GATHER, INDEX_SCORE, SPARSE_ATTENTION, MHC_BOUNDARY,
+                             SPARSE_ATTENTION_SPLIT, ATTENTION_COMBINE)
 BACKENDS = ("reference", "custom_op", "triton")
 
 
@@ -46,9 +50,16 @@ def _triton_kernels() -> dict:
 
 
 class OpSet:
-    def __init__(self, backend: str = "reference", use_topk_kernel: bool = True):
+    """`split_attention`: the reference and custom_op backends run Csa2SparseAttention as its split
+    form (Csa2SparseAttentionSplit + Csa2AttentionCombine, tuned for an H200: splits.py), which is
+    how decoder_step graphs export it (a TensorRT plugin runs one kernel, and a decode step needs
+    its keys split over the GPU). The Triton backend splits inside its launcher either way."""
+
+    def __init__(self, backend: str = "reference", use_topk_kernel: bool = True,
+                 split_attention: bool = False):
         self.backend = backend
         self.use_topk_kernel = use_topk_kernel
+        self.split_attention = split_attention
 
     @property
     def backend(self) -> str:
@@ -82,6 +93,11 @@ class OpSet:
         return self._call(INDEX_SCORE, q_BSIJ, w_BSI, k_BNJ, visible_BSN)
 
     def csa2_sparse_attention(self, q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale):
+        if self.split_attention and self._backend != "triton":
+            acc, ml = self._call(SPARSE_ATTENTION_SPLIT, q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST,
+                                 sink_H, scale=float(scale),
+                                 **splits.export_attrs(q_BSHD.shape[2], q_BSHD.shape[3]))
+            return self._call(ATTENTION_COMBINE, q_BSHD, acc, ml, sink_H)
         return self._call(SPARSE_ATTENTION, q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H,
                           scale=float(scale))
 

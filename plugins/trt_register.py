@@ -9,11 +9,12 @@ def register_trt_plugins() -> list[str]:
 
     from dsflash.plugins.csa2_index_score import trt as index_trt
     from dsflash.plugins.csa2_sparse_attention import trt as attn_trt
+    from dsflash.plugins.csa2_sparse_attention import trt_split as attn_split_trt
     from dsflash.plugins.declaration import DOMAIN
     from dsflash.plugins.engram_hash_gather import trt as engram_trt
     from dsflash.plugins.mhc_boundary import trt as mhc_trt
     from dsflash.plugins.registry import DECLS
 
-    for module in (engram_trt, index_trt, attn_trt, mhc_trt):
+    for module in (engram_trt, index_trt, attn_trt, attn_split_trt, mhc_trt):
         module.register()  # tensorrt.plugin refuses a second registration: call once per process
     return [f"{DOMAIN}::{d.name}" for d in DECLS]

@@ -4,7 +4,8 @@ kernel (the PTX and launch its trt.py hands TensorRT, run by plugins/ptx_launch.
 runs it) against the JIT launcher OpSet("triton") uses, at the released sizes, as CUDA-graph
 replays back to back (the launch floor of scripts/bench_floor.py applies to both). Each AOT
 variant is checked against the JIT output first and reported WRONG instead of timed if it
-differs. Variants: every tactic, pointers taken as 16-byte aligned (the build's default) or not.
+differs. Variants: every tactic, pointers taken as 16-byte aligned (the build's default) or not;
+for the attention also decoder_step's split form (two kernels, timed together).
 
     python3 scripts/bench_aot.py --out OUT [--sweep | --sweep-only]   # H200: ~1.5 min, the sweep ~2.5
 """
@@ -12,10 +13,12 @@ differs. Variants: every tactic, pointers taken as 16-byte aligned (the build's 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -37,15 +40,51 @@ from bench_kernels import (
 )
 from tqdm import tqdm
 
+from dsflash.plugins.aot import AotLaunch
 from dsflash.plugins.csa2_index_score import kernel as index_kernel
 from dsflash.plugins.csa2_index_score import trt as index_trt
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
+from dsflash.plugins.csa2_sparse_attention import splits as attn_splits
 from dsflash.plugins.csa2_sparse_attention import trt as attn_trt
+from dsflash.plugins.csa2_sparse_attention import trt_split as attn_split_trt
 from dsflash.plugins.engram_hash_gather import kernel as engram_kernel
 from dsflash.plugins.engram_hash_gather import trt as engram_trt
 from dsflash.plugins.mhc_boundary import kernel as mhc_kernel
 from dsflash.plugins.mhc_boundary import trt as mhc_trt
 from dsflash.plugins.ptx_launch import PtxKernel
+
+
+def single_runner(stack: contextlib.ExitStack, launch: AotLaunch, inputs: list, outs: list):
+    kernel = stack.enter_context(PtxKernel(launch))
+    return lambda: kernel(launch, inputs, outs)
+
+
+@dataclass(frozen=True)
+class SplitForm:
+    """decoder_step's two attention nodes: the split kernel writes the partials, the combine kernel
+    (inputs q, acc, ml, sink) merges them; timed together."""
+    split: AotLaunch
+    combine: AotLaunch
+    acc_shape: tuple
+    ml_shape: tuple
+
+    def runner(self, stack: contextlib.ExitStack, inputs: list, outs: list):
+        first, second = (stack.enter_context(PtxKernel(x)) for x in (self.split, self.combine))
+        acc = torch.empty(self.acc_shape, dtype=torch.float32, device="cuda")
+        ml = torch.empty(self.ml_shape, dtype=torch.float32, device="cuda")
+
+        def run():
+            first(self.split, inputs, [acc, ml])
+            second(self.combine, [inputs[0], acc, ml, inputs[5]], outs)
+        return run
+
+
+def split_form(q, kv, idx, win, scale: float, tactic: int) -> SplitForm:
+    attrs = attn_splits.export_attrs(q.shape[2], q.shape[3])
+    _, acc_shape, ml_shape = attn_split_trt.split_outputs(q.shape, idx.shape, win.shape, **attrs)
+    split = attn_split_trt.aot_launch_split(q.shape, kv.shape, idx.shape, win.shape, BF16, scale, **attrs,
+                                            tactic=tactic)
+    return SplitForm(split, attn_split_trt.aot_launch_combine(q.shape, acc_shape, BF16), acc_shape, ml_shape)
 
 
 def compare(case: str, jit, variants: dict, inputs: list, outputs, rel: float) -> dict:
@@ -59,21 +98,20 @@ def compare(case: str, jit, variants: dict, inputs: list, outputs, rel: float) -
             logging.info("%s %s: does not compile: %s", case, label, str(launch).splitlines()[0][:100])
             continue
         outs = outputs()
-        try:
-            kernel = PtxKernel(launch)
-        except (ValueError, RuntimeError) as exc:  # more shared memory than a block gets, say
-            logging.info("%s %s: does not load: %s", case, label, exc)
-            continue
-        with kernel:
-            def run(kernel=kernel, launch=launch, outs=outs):
-                kernel(launch, inputs, outs)
+        with contextlib.ExitStack() as stack:
+            try:
+                run = (launch.runner(stack, inputs, outs) if isinstance(launch, SplitForm)
+                       else single_runner(stack, launch, inputs, outs))
+            except (ValueError, RuntimeError) as exc:  # more shared memory than a block gets, say
+                logging.info("%s %s: does not load: %s", case, label, exc)
+                continue
             run()
             torch.cuda.synchronize()
             if not _close(outs, want, rel):
                 logging.warning("%s %s: WRONG result, not timed", case, label)
                 continue
             res[f"{label}_us"] = 1e3 * time_ms(run, graph=True)
-        res[f"{label}_shared"] = launch.kernel.shared_mem
+        res[f"{label}_shared"] = (launch.split if isinstance(launch, SplitForm) else launch).kernel.shared_mem
         logging.info("%s %s: %.1f us (JIT %.1f us)", case, label, res[f"{label}_us"], res["jit_us"])
     return res
 
@@ -113,10 +151,14 @@ def attention_case(rows: int, gen, settings: dict | None = None) -> dict:
     sink = torch.randn(HEADS, generator=gen).cuda()
     scale = HEAD_DIM ** -0.5
     launcher = attn_kernel.SparseAttentionLauncher()
-    settings = settings or {"tactic1": (True, {}), "tactic2": (True, attn_trt.tactic_overrides(2, HEAD_DIM)),
-                            "tactic1_unaligned": (False, {})}
+    default = {"tactic1": (True, {}), "tactic2": (True, attn_trt.tactic_overrides(2, HEAD_DIM)),
+               "tactic1_unaligned": (False, {})}
+    settings = settings or default
     variants = compiled(settings, lambda aligned, over: attn_trt.aot_launch(
         q.shape, kv.shape, idx.shape, win.shape, BF16, scale, aligned=aligned, overrides=over))
+    if settings is default:  # decoder_step's split form, both tactics
+        variants |= {f"split_form_tactic{t}": split_form(q, kv, idx, win, scale, t)
+                     for t in attn_split_trt.tactics()}
     return compare(f"attention rows={rows}", lambda: launcher(q, kv, idx, win, wmask, sink, scale), variants,
                    [q, kv, idx, win, wmask, sink], lambda: [torch.empty_like(q)], 1e-2)
 

@@ -276,13 +276,15 @@ def _sweep_attention(res: dict, gen) -> None:
         sink = torch.randn(HEADS, generator=gen).cuda()
         args = (q, kv, idx, win, wmask, sink, 0.04)
         want = (attn_kernel.SparseAttentionLauncher()(*args),)
-        grid = ([(16, 32, per, 4, 3) for per in (1, 2)] + [(16, 32, 1, 8, 3), (16, 32, 1, 4, 1)]
-                if rows == 1 else [(16, 32, 1, 4, 3), (32, 32, 1, 4, 3), (32, 32, 1, 8, 3), (32, 32, 1, 4, 1)])
-        for bh, bk, per, nw, stages in grid:
-            over = dict(BLOCK_H=bh, BLOCK_K=bk, MIN_BLOCKS_PER_SPLIT=per, num_warps=nw, num_stages=stages)
-            _sweep_one(res, f"attn rows={rows} {over}",
-                       lambda: attn_kernel.SparseAttentionLauncher(overrides=over), lambda f: f(*args),
-                       want, 1e-2, graph=True)
+        # n_split None: the launcher's choice (one key block per split at decode); 10: two blocks each
+        grid = ([(16, 32, n, 4, 3) for n in (None, 10)] + [(16, 32, None, 8, 3), (16, 32, None, 4, 1)]
+                if rows == 1 else [(16, 32, None, 4, 3), (32, 32, None, 4, 3), (32, 32, None, 8, 3),
+                                   (32, 32, None, 4, 1)])
+        for bh, bk, n_split, nw, stages in grid:
+            over = dict(BLOCK_H=bh, BLOCK_K=bk, num_warps=nw, num_stages=stages)
+            _sweep_one(res, f"attn rows={rows} {over} n_split={n_split}",
+                       lambda: attn_kernel.SparseAttentionLauncher(overrides=over),
+                       lambda f, n=n_split: f(*args, n_split=n), want, 1e-2, graph=True)
 
 
 def _sweep_topk(res: dict, gen) -> None:

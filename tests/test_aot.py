@@ -26,12 +26,13 @@ def test_aot_kernels_for_tiny(tmp_path):
                     "--dtype", "bf16", "--out", str(tmp_path)], check=True, env=env, timeout=300)
     index = json.loads((tmp_path / "kernels.json").read_text())
     # tiny's head_dim 32 gives the attention one tactic (DECODE retiles wide heads only)
-    assert sorted(index) == ["Csa2IndexScore", "Csa2IndexScore_tactic2", "Csa2SparseAttention",
+    assert sorted(index) == ["Csa2AttentionCombine", "Csa2IndexScore", "Csa2IndexScore_tactic2",
+                             "Csa2SparseAttention", "Csa2SparseAttentionSplit", "Csa2SparseAttentionSplit_tactic2",
                              "EngramHashGather_layer1", "EngramHashGather_layer3", "MhcBoundary",
                              "MhcBoundary_tactic2"]
     # what TensorRT passes: the input pointers, the aot_impl's extra ints, the output pointers
     trt_args = {"Csa2IndexScore": 4 + 2 + 1, "Csa2SparseAttention": 6 + 5 + 1, "EngramHashGather": 2 + 1 + 1,
-                "MhcBoundary": 9 + 3 + 5}
+                "MhcBoundary": 9 + 3 + 5, "Csa2SparseAttentionSplit": 6 + 5 + 2, "Csa2AttentionCombine": 4 + 1 + 1}
     for name, k in index.items():
         op = name.split("_")[0]
         ptx = (tmp_path / f"{name}.ptx").read_text()
@@ -44,6 +45,9 @@ def test_aot_kernels_for_tiny(tmp_path):
         assert len(params) == k["params"] == k["declared"] + 2 and k["global_scratch"] == 0, name
         assert params[-2:] == ["u64", "u64"] and k["aligned"], name
     assert index["Csa2IndexScore_tactic2"]["launch"]["BLOCKS"] == 4
+    split = index["Csa2SparseAttentionSplit"]["launch"]
+    assert split["BLOCK_K"] == 64 and split["num_stages"] == 1  # tiny: head_dim 32
+    assert index["Csa2SparseAttentionSplit_tactic2"]["launch"]["num_stages"] == 3
     # attributes are compile-time constants: the two Engram layers' primes differ, so their PTX does
     ptx1, ptx3 = ((tmp_path / f"EngramHashGather_layer{i}.ptx").read_text() for i in (1, 3))
     assert ptx1 != ptx3
@@ -55,7 +59,9 @@ import pytest
 import torch
 from dsflash.plugins.csa2_index_score import trt as index_trt
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
+from dsflash.plugins.csa2_sparse_attention import splits
 from dsflash.plugins.csa2_sparse_attention import trt as attn_trt
+from dsflash.plugins.csa2_sparse_attention import trt_split
 from dsflash.plugins.engram_hash_gather import trt as engram_trt
 from dsflash.plugins.mhc_boundary import trt as mhc_trt
 
@@ -91,6 +97,49 @@ wide = attn_trt.aot_launch((1, 2, 64, 512), (1, 5000, 512), (1, 2, 512), (1, 130
 assert wide.kernel.num_warps == 8 and wide.extra[4] == 8 + 3, wide
 with pytest.raises(ValueError, match="tactic 2 is not one of \\[1\\] for head_dim 64"):
     attn_trt.aot_launch((1, 2, 8, 64), (1, 50, 64), (1, 2, 16), (1, 10, 64), bf16, 0.1, tactic=2)
+
+# the split form: one decode row over 16 + 5 key blocks of 32; 128 rows keep one split each
+sl = trt_split.aot_launch_split((1, 1, 64, 512), (1, 5000, 512), (1, 1, 512), (1, 129, 512), bf16, 0.04, 32, 66)
+assert sl.grid == (1, 4, 21) and sl.extra == (1, 5000, 129, 512, 1) and sl.kernel.num_warps == 4, sl
+many = trt_split.aot_launch_split((2, 64, 64, 512), (2, 5000, 512), (2, 64, 512), (2, 192, 512), bf16, 0.04,
+                                  32, 66, tactic=2)
+assert many.grid == (128, 4, 1) and many.extra[4] == 16 + 6, many
+cmb = trt_split.aot_launch_combine((1, 1, 64, 512), (1, 1, 21, 64, 512), bf16)
+assert cmb.grid == (1, 64, 1) and cmb.extra == (21,), cmb
+with pytest.raises(ValueError, match="block_keys 48 is not one of the kernel's key blocks"):
+    trt_split.split_kernel(bf16, 64, 512, 0.04, 48)
+
+
+class Sym:
+    # a stand-in for tensorrt.plugin's ShapeExpr: +, -, *, // with the expression on the left
+    # only (ShapeExpr has no reflected operators), carrying the value to compare
+    def __init__(self, v):
+        self.v = v
+
+    def _op(self, other, fn):
+        return Sym(fn(self.v, other.v if isinstance(other, Sym) else other))
+
+    def __add__(self, o): return self._op(o, lambda a, b: a + b)
+    def __sub__(self, o): return self._op(o, lambda a, b: a - b)
+    def __mul__(self, o): return self._op(o, lambda a, b: a * b)
+    def __floordiv__(self, o): return self._op(o, lambda a, b: a // b)
+
+
+def sym_fn(fn):
+    def call(a, b):
+        if isinstance(a, int) and isinstance(b, int):
+            raise ValueError("two ints")  # as tensorrt.plugin's cdiv / min / max
+        return Sym(fn(a.v if isinstance(a, Sym) else a, b.v if isinstance(b, Sym) else b))
+    return call
+
+
+fake_trtp = types.SimpleNamespace(cdiv=sym_fn(lambda a, b: -(-a // b)), min=sym_fn(min), max=sym_fn(max))
+for b, s, k, t in ((1, 1, 512, 129), (3, 1, 512, 128), (1, 70, 512, 198), (2, 1, 0, 0), (1, 5, 7, 3)):
+    want = trt_split.split_outputs((b, s, 64, 512), (b, s, k), (b, t, 512), 32, 66)
+    got = trt_split.split_outputs((Sym(b), Sym(s), 64, 512), (Sym(b), Sym(s), Sym(k)), (Sym(b), Sym(t), 512),
+                                  32, 66, splits.trt_sizes(fake_trtp))
+    values = (got[0].v, tuple(x.v if isinstance(x, Sym) else x for x in got[1]))
+    assert values == (want[0], want[1]), (b, s, k, t, values, want)
 
 
 class Params:

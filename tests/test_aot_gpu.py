@@ -18,7 +18,9 @@ if torch.cuda.is_available():
     from dsflash.plugins.csa2_index_score import reference as index_ref
     from dsflash.plugins.csa2_index_score import trt as index_trt
     from dsflash.plugins.csa2_sparse_attention import reference as attn_ref
+    from dsflash.plugins.csa2_sparse_attention import splits as attn_splits
     from dsflash.plugins.csa2_sparse_attention import trt as attn_trt
+    from dsflash.plugins.csa2_sparse_attention import trt_split as attn_split_trt
     from dsflash.plugins.engram_hash_gather import reference as engram_ref
     from dsflash.plugins.engram_hash_gather import trt as engram_trt
     from dsflash.plugins.mhc_boundary import reference as mhc_ref
@@ -80,6 +82,28 @@ def test_aot_sparse_attention(gen, s, tactic, aligned):
                                  tactic=tactic)
     (out,) = run(launch, cuda(q, kv, idx, win, mask, sink), nan_outputs((tuple(q.shape), BF16)))
     assert_kernel_matches(out, attn_ref.csa2_sparse_attention, args, {}, BF16, "sparse attention (AOT)")
+
+
+@pytest.mark.parametrize("tactic", [1, 2])
+@pytest.mark.parametrize("s", [1, 8, 70])
+def test_aot_split_attention(gen, s, tactic):
+    """decoder_step's two attention nodes: the split kernel's partials against their reference
+    (1 row: 21 splits of one key block; 8 rows: 7 splits of 3 blocks; 70 rows: one split), then
+    the combine kernel on them against the one-node reference."""
+    args = attention_inputs(gen, s)
+    q, kv, idx, win, mask, sink, scale = args
+    attrs = attn_splits.export_attrs(64, 512)
+    split = attn_split_trt.aot_launch_split(q.shape, kv.shape, idx.shape, win.shape, BF16, scale, **attrs,
+                                            tactic=tactic)
+    _, acc_shape, ml_shape = attn_split_trt.split_outputs(q.shape, idx.shape, win.shape, **attrs)
+    assert split.grid[2] == acc_shape[2] == {1: 21, 8: 7, 70: 1}[s]
+    acc, ml = run(split, cuda(q, kv, idx, win, mask, sink),
+                  nan_outputs((acc_shape, torch.float32), (ml_shape, torch.float32)))
+    assert_kernel_matches((acc, ml), attn_ref.csa2_sparse_attention_split, args, attrs, BF16,
+                          "sparse attention split (AOT)")
+    combine = attn_split_trt.aot_launch_combine(q.shape, acc_shape, BF16)
+    (out,) = run(combine, [*cuda(q), acc, ml, sink.cuda()], nan_outputs((tuple(q.shape), BF16)))
+    assert_kernel_matches(out, attn_ref.csa2_sparse_attention, args, {}, BF16, "split + combine (AOT)")
 
 
 @pytest.mark.parametrize("batch,new", [(1, 1), (2, 4099)])

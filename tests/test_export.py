@@ -46,11 +46,13 @@ def test_portable_has_only_standard_ops(tiny_bundle):
 def test_plugin_nodes_carry_what_the_tensorrt_parser_needs(tiny_bundle):
     cfg = tiny_bundle.config
     expected_counts = {
-        # decoder_step: Engram layers; Full + Reindex layers score; every layer attends; one
+        # decoder_step: Engram layers; Full + Reindex layers score; one
         # boundary after each attention and between layers except where Engram breaks it.
         "decoder_step": {"EngramHashGather": len(cfg.engram_layer_ids),
                          "Csa2IndexScore": len(cfg.index_source_layer_ids),
-                         "Csa2SparseAttention": cfg.num_hidden_layers,
+                         # every layer attends, in the split form (two nodes)
+                         "Csa2SparseAttentionSplit": cfg.num_hidden_layers,
+                         "Csa2AttentionCombine": cfg.num_hidden_layers,
                          "MhcBoundary": 2 * cfg.num_hidden_layers - 1 - len(
                              [i for i in cfg.engram_layer_ids if i > 0])},
         "encoder_prefill": {"EngramHashGather": len(cfg.engram_layer_ids),

@@ -19,6 +19,7 @@ from dsflash.plugins.csa2_index_score import kernel as index_kernel  # noqa: E40
 from dsflash.plugins.csa2_index_score import reference as index_ref  # noqa: E402
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel  # noqa: E402
 from dsflash.plugins.csa2_sparse_attention import reference as attn_ref  # noqa: E402
+from dsflash.plugins.csa2_sparse_attention import splits as attn_splits  # noqa: E402
 from dsflash.plugins.engram_hash_gather import kernel as engram_kernel  # noqa: E402
 from dsflash.plugins.engram_hash_gather import reference as engram_ref  # noqa: E402
 from dsflash.plugins.mhc_boundary import kernel as mhc_kernel  # noqa: E402
@@ -216,6 +217,56 @@ def test_sparse_attention_kernel(gen, dtype, b, s, h, d, n, k, t, n_split, cfg):
         assert torch.count_nonzero(got[-1, -1]) == 0
         assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, dtype,
                               f"Csa2SparseAttention split={n_split}")
+
+
+def attention_case(gen, dtype, b, s, h, d, n, k, t):
+    q = torch.randn(b, s, h, d, generator=gen).to(dtype)
+    kv = torch.randn(b, n, d, generator=gen).to(dtype)
+    idx = torch.randint(-1, n, (b, s, k), generator=gen)
+    win = torch.randn(b, t, d, generator=gen).to(dtype)
+    mask = torch.rand(b, s, t, generator=gen) > 0.4
+    idx[-1, -1], mask[-1, -1] = -1, False  # a row with no key: every split empty
+    return q, kv, idx, win, mask, torch.randn(h, generator=gen), d ** -0.5
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b,s,h,d,n,k,t,block_keys,target", [
+    (2, 3, 5, 24, 40, 7, 11, 16, 10),     # 2 splits; the first holds selected and window blocks
+    (1, 1, 20, 40, 90, 50, 30, 16, 66),   # decode: 6 splits of one block, 2 head blocks
+    (1, 2, 3, 8, 9, 0, 5, 16, 100),       # no selected entries at all
+    (1, 37, 4, 16, 20, 3, 4, 16, 8)])     # many rows: one split each
+def test_split_attention_kernels(gen, dtype, b, s, h, d, n, k, t, block_keys, target):
+    """The split form's two kernels against their references, and together against the one-node
+    reference (what a decoder_step graph computes)."""
+    args = attention_case(gen, dtype, b, s, h, d, n, k, t)
+    attrs = {"block_keys": block_keys, "split_target": target}
+    acc, ml = attn_kernel.csa2_sparse_attention_split(*_dev(*args), **attrs)
+    _, n_split = attn_splits.split_plan(b * s, k, t, d, block_keys, target)
+    assert acc.shape == (b, s, n_split, h, d) and ml.shape == (b, s, n_split, h, 2)
+    assert torch.equal(ml[-1, -1, :, :, 1].cpu(), torch.zeros(n_split, h))  # the empty row: l = 0
+    assert_kernel_matches((acc, ml), attn_ref.csa2_sparse_attention_split, args, attrs, dtype,
+                          f"Csa2SparseAttentionSplit {n_split} splits")
+    q, sink = args[0], args[5]
+    out = attn_kernel.csa2_attention_combine(*_dev(q, acc, ml, sink))
+    assert torch.count_nonzero(out[-1, -1]) == 0
+    assert_kernel_matches(out, attn_ref.csa2_sparse_attention, args, {}, dtype,
+                          f"Csa2SparseAttentionSplit + Csa2AttentionCombine, {n_split} splits")
+
+
+def test_split_attention_rejects_bad_input(gen):
+    q, kv, idx, win, mask, sink, scale = _dev(*attention_case(gen, torch.float32, 1, 1, 4, 16, 20, 3, 4))
+    with pytest.raises(ValueError, match="block_keys 24 is not one of the kernel's key blocks"):
+        attn_kernel.csa2_sparse_attention_split(q, kv, idx, win, mask, sink, scale, 24, 8)
+    with pytest.raises(ValueError, match="split_target 0 must be >= 1"):
+        attn_kernel.csa2_sparse_attention_split(q, kv, idx, win, mask, sink, scale, 16, 0)
+    acc, ml = attn_kernel.csa2_sparse_attention_split(q, kv, idx, win, mask, sink, scale, 16, 8)
+    with pytest.raises(ValueError, match="ml has shape"):
+        attn_kernel.csa2_attention_combine(q, acc, ml[:, :, :, :3], sink)
+    with pytest.raises(ValueError, match="acc has dtype torch.float16"):
+        attn_kernel.csa2_attention_combine(q, acc.half(), ml, sink)
+    many = acc.new_zeros(1, 1, 1025, 4, 16), ml.new_zeros(1, 1, 1025, 4, 2)
+    with pytest.raises(ValueError, match="1025 splits; the kernel combines 1 to 1024 at head_dim 16"):
+        attn_kernel.csa2_attention_combine(q, *many, sink)
 
 
 def mhc_args(gen, b, s, c, e, dtype):

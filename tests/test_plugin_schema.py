@@ -7,7 +7,7 @@ import torch
 
 from dsflash.plugins.declaration import DOMAIN
 from dsflash.plugins.onnx_translation import plugin_translation_table, register_onnx_schemas
-from dsflash.plugins.registry import DECLS, OpSet
+from dsflash.plugins.registry import DECLS, SPARSE_ATTENTION_SPLIT, OpSet
 from dsflash.plugins.torch_ops import register_torch_ops
 
 
@@ -20,10 +20,16 @@ def sample_inputs(decl, gen):
     if decl.name == "Csa2IndexScore":
         return (torch.randn(b, s, 2, 4, generator=gen), torch.randn(b, s, 2, generator=gen),
                 torch.randn(b, n, 4, generator=gen), torch.rand(b, s, n, generator=gen) > 0.3), {}
-    if decl.name == "Csa2SparseAttention":
-        return (torch.randn(b, s, 2, 8, generator=gen), torch.randn(b, n, 8, generator=gen),
-                torch.randint(-1, n, (b, s, 3), generator=gen), torch.randn(b, 5, 8, generator=gen),
-                torch.rand(b, s, 5, generator=gen) > 0.4, torch.randn(2, generator=gen)), dict(scale=0.3)
+    if decl.name.startswith("Csa2SparseAttention"):
+        inputs = (torch.randn(b, s, 2, 8, generator=gen), torch.randn(b, n, 8, generator=gen),
+                  torch.randint(-1, n, (b, s, 3), generator=gen), torch.randn(b, 5, 8, generator=gen),
+                  torch.rand(b, s, 5, generator=gen) > 0.4, torch.randn(2, generator=gen))
+        split = dict(block_keys=2, split_target=9) if decl.name.endswith("Split") else {}
+        return inputs, dict(scale=0.3, **split)
+    if decl.name == "Csa2AttentionCombine":
+        inputs, _ = sample_inputs(SPARSE_ATTENTION_SPLIT, gen)
+        acc, ml = SPARSE_ATTENTION_SPLIT.reference(*inputs, scale=0.3, block_keys=2, split_target=9)
+        return (inputs[0], acc, ml, inputs[5]), {}
     m = (2 + c) * c
     return (torch.randn(b, s, c, e, generator=gen), torch.randn(b, s, e, generator=gen),
             torch.rand(b, s, c, generator=gen), torch.rand(b, s, c, c, generator=gen),
@@ -70,6 +76,19 @@ def test_opset_backends_agree(gen):
                        custom.csa2_sparse_attention(*inputs, **attrs))
     with pytest.raises(ValueError, match="unknown op backend 'cuda'"):
         OpSet("cuda")
+
+
+def test_split_attention_form_matches_the_one_node_op(gen):
+    """OpSet(split_attention=True), as decoder_step graphs export the attention: split + combine
+    nodes (2 splits here) give the one-node op's result on both graph backends."""
+    inputs, attrs = sample_inputs(DECLS[2], gen)
+    want = OpSet("reference").csa2_sparse_attention(*inputs, **attrs)
+    for backend in ("reference", "custom_op"):
+        got = OpSet(backend, split_attention=True).csa2_sparse_attention(*inputs, **attrs)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    acc, _ = SPARSE_ATTENTION_SPLIT.reference(*inputs, scale=0.3, block_keys=2, split_target=9)
+    # 2 + 3 blocks of 2 keys; 6 rows aim at cdiv(9, 6) = 2 splits of 3 blocks
+    assert acc.shape[2] == 2
 
 
 @pytest.mark.parametrize("decl", DECLS, ids=lambda d: d.name)

@@ -4,9 +4,10 @@ denominator. K = V (MQA latent), so every key row loaded serves all heads of a b
 
 Grid: (B * S query rows, head blocks of BLOCK_H, key splits). Keys stream through in blocks of
 BLOCK_K: first the K selected entries (idx -1 = none, as is anything outside [0, N)), then the T
-window keys (win_mask). With few rows (decode) the key blocks are split over programs, each
-writing its partial softmax, and a second small kernel combines them per (row, head)
-(flash-decoding), so the whole GPU works on one token. bf16/fp16 operands go to the tensor cores
+window keys (win_mask). With few rows (decode) the key blocks are split over programs (splits.py),
+each writing its partial softmax (reference.csa2_sparse_attention_split), and a second small
+kernel combines them per (row, head) (reference.csa2_attention_combine; flash-decoding), so the
+whole GPU works on one token. bf16/fp16 operands go to the tensor cores
 with fp32 accumulation (p is rounded to the operand dtype for the second product, as flash
 attention does); fp32 operands use exact IEEE products.
 """
@@ -17,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dsflash.plugins.csa2_sparse_attention import splits
 from dsflash.plugins.launch import (
     FLOATS,
     LauncherBase,
@@ -49,13 +51,14 @@ def _attend_block(acc, m_i, l_i, q, kv, valid, scale, IEEE: tl.constexpr):
 
 @triton.jit
 def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sink_ptr, S, N, T, K,
-                                 blocks_per_split, out_ptr, ws_acc, ws_ml,
+                                 blocks_per_split, out_ptr, acc_ptr, ml_ptr,
                                  H: tl.constexpr, D: tl.constexpr, SCALE: tl.constexpr,
                                  BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
                                  SPLIT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False):
-    # TensorRT's AOT order (inputs, integer scalars, outputs), then the split path's workspace
-    # (the TensorRT build compiles SPLIT = 0 and never touches it). Contiguous tensors, so
-    # strides follow from the sizes; the softmax scale is a compile-time constant (an attribute).
+    # TensorRT's AOT order (inputs, integer scalars, outputs): the unsplit plugin passes out_ptr
+    # (acc_ptr / ml_ptr compiled as None), the split plugin acc_ptr [B,S,P,H,D] and ml_ptr
+    # [B,S,P,H,2] (out_ptr None). Contiguous tensors, so strides follow from the sizes; the
+    # softmax scale is a compile-time constant (an attribute).
     wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     b = row // S
@@ -92,11 +95,10 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
                      mask=valid[:, None] & dmask[None, :], other=0.0)
         acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, kv, valid, SCALE, IEEE)
     if SPLIT:  # partial softmax of this run of keys, for the combine kernel
-        slot = (row * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
-        hh = tl.arange(0, BLOCK_H)
-        tl.store(ws_acc + (slot * BLOCK_H + hh[:, None]) * BLOCK_D + dd[None, :], acc)
-        tl.store(ws_ml + slot * 2 * BLOCK_H + hh, m_i)
-        tl.store(ws_ml + slot * 2 * BLOCK_H + BLOCK_H + hh, l_i)
+        part = (row * tl.num_programs(2) + tl.program_id(2)) * H + h  # [B*S, P, H] flat
+        tl.store(acc_ptr + part[:, None] * D + dd[None, :], acc, mask=hd_mask)
+        tl.store(ml_ptr + part * 2, m_i, mask=hmask)
+        tl.store(ml_ptr + part * 2 + 1, l_i, mask=hmask)
     else:
         out = acc / (l_i + tl.exp(sink - m_i))[:, None]
         out_ptrs = out_ptr + ((b * S + s) * H + h[:, None]) * D + dd[None, :]
@@ -104,23 +106,23 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
 
 
 @triton.jit
-def csa2_attention_combine_kernel(ws_acc, ws_ml, sink_ptr, n_split, out_ptr, H: tl.constexpr,
-                                  D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-                                  NSP: tl.constexpr, PDL: tl.constexpr = False):
+def csa2_attention_combine_kernel(q_ptr, acc_ptr, ml_ptr, sink_ptr, n_split, out_ptr, H: tl.constexpr,
+                                  D: tl.constexpr, BLOCK_D: tl.constexpr, NSP: tl.constexpr,
+                                  PDL: tl.constexpr = False):
     """Grid (query rows, heads): the n_split partial softmaxes of one head in one load each
-    (maxima, sums, outputs), weighted by exp(m_p - m) and normalised with the sink."""
+    (maxima, sums, outputs), weighted by exp(m_p - m) and normalised with the sink. q_ptr is the
+    combine plugin's first input, which gives the output its dtype; it is not read."""
     wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     sp = tl.arange(0, NSP)
     ok = sp < n_split
     dd = tl.arange(0, BLOCK_D)
-    slot = (row * tl.cdiv(H, BLOCK_H) + h // BLOCK_H) * n_split + sp
-    hh = h % BLOCK_H
-    m_p = tl.load(ws_ml + slot * 2 * BLOCK_H + hh, mask=ok, other=float("-inf"))
-    l_p = tl.load(ws_ml + slot * 2 * BLOCK_H + BLOCK_H + hh, mask=ok, other=0.0)
-    part = tl.load(ws_acc + (slot[:, None] * BLOCK_H + hh) * BLOCK_D + dd[None, :],
-                   mask=ok[:, None] & (dd < D)[None, :], other=0.0)
+    part_at = (row * n_split + sp) * H + h
+    m_p = tl.load(ml_ptr + part_at * 2, mask=ok, other=float("-inf"))
+    l_p = tl.load(ml_ptr + part_at * 2 + 1, mask=ok, other=0.0)
+    part = tl.load(acc_ptr + part_at[:, None] * D + dd[None, :], mask=ok[:, None] & (dd < D)[None, :],
+                   other=0.0)
     sink = tl.load(sink_ptr + h).to(tl.float32)
     m_all = tl.maximum(sink, tl.max(m_p, axis=0))
     w = tl.exp(m_p - m_all)  # 0 for absent splits
@@ -152,59 +154,70 @@ def _check(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H):
 
 class SparseAttentionLauncher(LauncherBase):
     """Splits the key list of each (query row, head block) over programs when there are too few
-    rows to fill the GPU (decode: 640 keys, 4 head blocks): each program writes its partial
-    softmax to a workspace and a second, small launch combines them per (row, head), in
+    rows to fill the GPU (decode: 640 keys, 4 head blocks; splits.py): each program writes its
+    partial softmax to a workspace and a second, small launch combines them per (row, head), in
     parallel over heads (flash-decoding). A merge inside the first launch (the last program of a
     pair reading every partial, 32 KB each at head_dim 512) serialised on one program and cost
     more than the second launch (docs/benchmarks.md). Holds the workspace; one instance per
     device/stream, calls on it must not overlap."""
 
-    def _workspace(self, device, slots: int, block_h: int, block_d: int):
-        key = (device, block_h, block_d)
-        ws = self._ws.get(key)
-        if ws is None or ws[1].shape[0] < slots:
-            ws = (torch.empty(slots, block_h, block_d, dtype=torch.float32, device=device),
-                  torch.empty(slots, 2, block_h, dtype=torch.float32, device=device))
-            self._ws[key] = ws
+    def _workspace(self, device, parts: int, dim: int):
+        ws = self._ws.get(device)
+        if ws is None or ws[1].numel() < 2 * parts:
+            ws = (torch.empty(parts * dim, dtype=torch.float32, device=device),
+                  torch.empty(parts * 2, dtype=torch.float32, device=device))
+            self._ws[device] = ws
         return ws
+
+    def _config(self, q: torch.Tensor) -> tuple[dict, dict]:
+        cfg = launch_config(q.shape[2], q.shape[3], q.dtype) | self._overrides
+        return cfg, pdl_launch_args(q.device, {"PDL": cfg.pop("PDL", True)})
 
     def __call__(self, q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale: float,
                  n_split: int | None = None):
         _check(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H)
         b, s, h, d = q_BSHD.shape
-        t = win_kv_BTD.shape[1]
-        q, kv, win = q_BSHD.contiguous(), kv_BND.contiguous(), win_kv_BTD.contiguous()
-        idx, wmask = idx_BSK.contiguous(), win_mask_BST.contiguous().view(torch.uint8)
-        sink = sink_H.contiguous()
-        out = torch.empty_like(q)
+        out = torch.empty_like(q_BSHD)
         if out.numel() == 0:
             return out
-        cfg = launch_config(h, d, q.dtype) | self._overrides
-        pdl = pdl_launch_args(q.device, {"PDL": cfg.pop("PDL", True)})
-        per_min = cfg.pop("MIN_BLOCKS_PER_SPLIT")
-        h_blocks = triton.cdiv(h, cfg["BLOCK_H"])
-        pairs = b * s * h_blocks
-        n_blocks = triton.cdiv(idx.shape[2], cfg["BLOCK_K"]) + triton.cdiv(t, cfg["BLOCK_K"])
-        if n_split is None:  # split keys only until the grid covers the GPU twice
-            n_split = max(1, min(triton.cdiv(n_blocks, per_min), triton.cdiv(2 * self._sms(q.device), pairs)))
-        # the combine kernel holds [NSP, BLOCK_D] partials in registers: at most 16K values
-        n_split = min(n_split, max(1, 16384 // cfg["BLOCK_D"]))
-        per = triton.cdiv(n_blocks, max(1, n_split))
-        n_split = triton.cdiv(n_blocks, per)
-        split = n_split > 1
-        ws = (self._workspace(q.device, pairs * n_split, cfg["BLOCK_H"], cfg["BLOCK_D"]) if split
-              else (out, out))  # never touched
-        # a split runs one key block: nothing for the software pipeline to overlap, and its
-        # buffers cost time (H200 sweep at decode: 7.4 us unpipelined vs 8.7 us with 3 stages)
-        stages = cfg.pop("num_stages", 1 if split and per == 1 else 3)
-        csa2_sparse_attention_kernel[(b * s, h_blocks, n_split)](
-            q, kv, idx, win, wmask, sink, s, kv.shape[1], t, idx.shape[2], per, out, *ws,
-            H=h, D=d, SCALE=float(scale), SPLIT=split, num_stages=stages, **cfg, **pdl)
-        if split:
-            csa2_attention_combine_kernel[(b * s, h)](
-                *ws, sink, n_split, out, H=h, D=d, BLOCK_H=cfg["BLOCK_H"], BLOCK_D=cfg["BLOCK_D"],
-                NSP=next_pow2(n_split), num_warps=4, **pdl)
+        cfg, pdl = self._config(q_BSHD)
+        target = splits.cdiv(2 * self._sms(q_BSHD.device), triton.cdiv(h, cfg["BLOCK_H"]))
+        per, n_split = splits.split_plan(b * s, idx_BSK.shape[2], win_kv_BTD.shape[1], d, cfg["BLOCK_K"],
+                                         target, n_split)
+        if n_split == 1:
+            _launch_attention(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale, cfg, pdl,
+                              per, 1, (out, None, None))
+            return out
+        acc, ml = self._workspace(q_BSHD.device, b * s * n_split * h, d)
+        _launch_attention(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale, cfg, pdl,
+                          per, n_split, (None, acc, ml))
+        _launch_combine(q_BSHD, acc, ml, sink_H.contiguous(), n_split, out, pdl)
         return out
+
+
+def _launch_attention(q, kv, idx, win, wmask, sink, scale, cfg, pdl, per, n_split, outs):
+    """One launch of csa2_sparse_attention_kernel: (out, None, None) unsplit, (None, acc, ml) split."""
+    b, s, h, d = q.shape
+    t = win.shape[1]
+    cfg = dict(cfg)
+    split = outs[0] is None
+    # a split runs one key block: nothing for the software pipeline to overlap, and its
+    # buffers cost time (H200 sweep at decode: 7.4 us unpipelined vs 8.7 us with 3 stages)
+    stages = cfg.pop("num_stages", 1 if split and per == 1 else 3)
+    out, acc, ml = outs
+    some = next(x for x in outs if x is not None)
+    csa2_sparse_attention_kernel[(b * s, triton.cdiv(h, cfg["BLOCK_H"]), n_split)](
+        q.contiguous(), kv.contiguous(), idx.contiguous(), win.contiguous(),
+        wmask.contiguous().view(torch.uint8), sink.contiguous(), s, kv.shape[1], t, idx.shape[2], per,
+        some if out is None else out, some if acc is None else acc, some if ml is None else ml,
+        H=h, D=d, SCALE=float(scale), SPLIT=split, num_stages=stages, **cfg, **pdl)
+
+
+def _launch_combine(q, acc, ml, sink, n_split: int, out, pdl):
+    b, s, h, d = q.shape
+    csa2_attention_combine_kernel[(b * s, h)](q, acc, ml, sink, n_split, out, H=h, D=d,
+                                              BLOCK_D=next_pow2(d, 16), NSP=next_pow2(n_split),
+                                              num_warps=4, **pdl)
 
 
 def csa2_sparse_attention(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_BSK: torch.Tensor,
@@ -215,15 +228,51 @@ def csa2_sparse_attention(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_BSK: t
     return SparseAttentionLauncher()(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale)
 
 
+def csa2_sparse_attention_split(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_BSK: torch.Tensor,
+                                win_kv_BTD: torch.Tensor, win_mask_BST: torch.Tensor, sink_H: torch.Tensor,
+                                scale: float, block_keys: int, split_target: int
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split form's first node (reference.csa2_sparse_attention_split's signature): the
+    partials in fresh [B,S,P,H,D] / [B,S,P,H,2] fp32 tensors. block_keys is the kernel's BLOCK_K."""
+    _check(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H)
+    require(block_keys in (16, 32, 64, 128), f"Csa2SparseAttentionSplit: block_keys {block_keys} is not "
+            f"one of the kernel's key blocks (16, 32, 64, 128)")
+    b, s, h, d = q_BSHD.shape
+    per, n_split = splits.split_plan(b * s, idx_BSK.shape[2], win_kv_BTD.shape[1], d, block_keys,
+                                     split_target)
+    acc = q_BSHD.new_empty((b, s, n_split, h, d), dtype=torch.float32)
+    ml = q_BSHD.new_empty((b, s, n_split, h, 2), dtype=torch.float32)
+    if acc.numel():
+        cfg = launch_config(h, d, q_BSHD.dtype) | {"BLOCK_K": block_keys}
+        _launch_attention(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale, cfg,
+                          pdl_launch_args(q_BSHD.device, {}), per, n_split, (None, acc, ml))
+    return acc, ml
+
+
+def csa2_attention_combine(q_BSHD: torch.Tensor, acc_BSPHD: torch.Tensor, ml_BSPH2: torch.Tensor,
+                           sink_H: torch.Tensor) -> torch.Tensor:
+    """The split form's second node (reference.csa2_attention_combine's signature)."""
+    op = "Csa2AttentionCombine"
+    check_shape(op, "q", q_BSHD, (None, None, None, None))
+    b, s, h, d = q_BSHD.shape
+    check_shape(op, "acc", acc_BSPHD, (b, s, None, h, d))
+    n_split = acc_BSPHD.shape[2]
+    check_shape(op, "ml", ml_BSPH2, (b, s, n_split, h, 2))
+    check_shape(op, "sink", sink_H, (h,))
+    check_dtype(op, "acc", acc_BSPHD, (torch.float32,))
+    check_dtype(op, "ml", ml_BSPH2, (torch.float32,))
+    check_dtype(op, "q", q_BSHD, FLOATS)
+    check_dtype(op, "sink", sink_H, FLOATS)
+    require(1 <= n_split <= splits.max_splits(d), f"{op}: {n_split} splits; the kernel combines 1 to "
+            f"{splits.max_splits(d)} at head_dim {d}")
+    check_device(op, q=q_BSHD, acc=acc_BSPHD, ml=ml_BSPH2, sink=sink_H)
+    out = torch.empty_like(q_BSHD)
+    if out.numel():
+        _launch_combine(q_BSHD, acc_BSPHD.contiguous(), ml_BSPH2.contiguous(), sink_H.contiguous(), n_split,
+                        out, pdl_launch_args(q_BSHD.device, {}))
+    return out
+
+
 def launch_config(heads: int, dim: int, dtype: torch.dtype) -> dict:
-    """Block sizes and warps, shared by the JIT launch and the AOT compile (trt.py, which has no
-    workspace and so never splits keys). For head_dim 512 the H200 sweeps (docs/benchmarks.md)
-    put 16 heads x 32 keys x 4 warps first, with one key block per split at decode (20 splits:
-    7.4 us unpipelined; 2 blocks 10.5 us, 4 blocks 15.0 us, no split 28.5 us; 32 heads 10.1 us).
-    At 64 rows 32 heads per program ran faster (75.6 us vs 83.1 us); the AOT build shares this
-    setting and decode is slower with it, so 16 stays."""
-    block_d = next_pow2(dim, 16)
-    wide = block_d >= 256
-    block_h = 16 if wide else min(next_pow2(heads, 16), 64)
-    return dict(BLOCK_H=block_h, BLOCK_K=32 if wide else 64, BLOCK_D=block_d, MIN_BLOCKS_PER_SPLIT=1,
-                IEEE=dtype == torch.float32, num_warps=4)
+    """splits.launch_config for a dtype (fp32 operands take exact IEEE products)."""
+    return splits.launch_config(heads, dim, ieee=dtype == torch.float32)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from dsflash.plugins.csa2_sparse_attention.splits import split_plan
 from dsflash.plugins.dtypes import cast, f32
 
 
@@ -37,4 +38,54 @@ def csa2_sparse_attention(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_BSK: t
 
 
 def shape(q_shape, kv_shape, idx_shape, win_shape, mask_shape, sink_shape, scale):
+    return [tuple(q_shape)]
+
+
+def csa2_sparse_attention_split(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_BSK: torch.Tensor,
+                                win_kv_BTD: torch.Tensor, win_mask_BST: torch.Tensor, sink_H: torch.Tensor,
+                                scale: float, block_keys: int, split_target: int
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first half of the split form (splits.py says which keys each split holds): per split p,
+    m_p = max(sink_h, its logits), l_p = sum exp(logit - m_p) and acc_p = sum exp(logit - m_p) kv
+    over its visible keys. -> acc [B,S,P,H,D], ml [B,S,P,H,2] (m, l), both fp32; a split without a
+    visible key has m = sink, l = 0, acc = 0."""
+    b, s, h, d = q_BSHD.shape
+    k, t = idx_BSK.shape[2], win_kv_BTD.shape[1]
+    per, n_split = split_plan(b * s, k, t, d, block_keys, split_target)
+    q = f32(q_BSHD)
+    flat = idx_BSK.clamp_min(0).reshape(b, s * k, 1).expand(b, s * k, d)
+    values = torch.cat((f32(kv_BND).gather(1, flat).view(b, s, k, d),
+                        f32(win_kv_BTD).unsqueeze(1).expand(b, s, t, d)), dim=2)  # [B,S,K+T,D]
+    visible = torch.cat((idx_BSK >= 0, win_mask_BST), dim=-1)  # [B,S,K+T]
+    logits = torch.einsum("bshd,bsld->bshl", q, values) * scale
+    logits = logits.masked_fill(~visible.unsqueeze(2), float("-inf"))
+    block = torch.cat((torch.arange(k) // block_keys, -(-k // block_keys) + torch.arange(t) // block_keys))
+    member = (block // per).unsqueeze(0) == torch.arange(n_split).unsqueeze(1)  # [P, K+T]
+    lg = logits.unsqueeze(2).masked_fill(~member.view(1, 1, n_split, 1, -1), float("-inf"))
+    m = torch.maximum(lg.amax(-1), f32(sink_H).view(1, 1, 1, h))  # [B,S,P,H]
+    p = torch.exp(lg - m.unsqueeze(-1))
+    acc = torch.einsum("bsphl,bsld->bsphd", p, values)
+    return acc, torch.stack((m, p.sum(-1)), dim=-1)
+
+
+def csa2_attention_combine(q_BSHD: torch.Tensor, acc_BSPHD: torch.Tensor, ml_BSPH2: torch.Tensor,
+                           sink_H: torch.Tensor) -> torch.Tensor:
+    """The second half: the splits' partial softmaxes weighted by exp(m_p - m) and normalised
+    with the sink. q gives the output's shape and dtype only (its values are not read)."""
+    m_p, l_p = f32(ml_BSPH2).unbind(-1)
+    sink = f32(sink_H).view(1, 1, -1)
+    m = torch.maximum(m_p.amax(2), sink)  # [B,S,H]
+    w = torch.exp(m_p - m.unsqueeze(2))
+    out = (w.unsqueeze(-1) * f32(acc_BSPHD)).sum(2) / ((w * l_p).sum(2) + torch.exp(sink - m)).unsqueeze(-1)
+    return cast(out, q_BSHD.dtype)
+
+
+def split_shape(q_shape, kv_shape, idx_shape, win_shape, mask_shape, sink_shape, scale, block_keys,
+                split_target):
+    b, s, h, d = q_shape
+    _, n_split = split_plan(b * s, idx_shape[2], win_shape[1], d, block_keys, split_target)
+    return [(b, s, n_split, h, d), (b, s, n_split, h, 2)]
+
+
+def combine_shape(q_shape, acc_shape, ml_shape, sink_shape):
     return [tuple(q_shape)]

@@ -3,7 +3,8 @@ compiles kernel.py's Triton kernel to PTX for sm_90 with its launch parameters (
 Triton is installed); `register()` adds the plugin where TensorRT imports. The softmax scale is
 baked into the PTX. AOT plugins get no workspace, so the plugin runs the unsplit path (one
 program per query row and head block), with two tactics TensorRT times per profile: the JIT
-launch's blocks, and larger key blocks with more warps for decode (tactic_overrides)."""
+launch's blocks, and larger key blocks with more warps for decode (tactic_overrides). Graphs of
+many rows (encoder_prefill) use it; decoder_step graphs the split form (trt_split.py)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ def kernel_signature(dtype: torch.dtype, idx_dtype: torch.dtype = torch.int64) -
     """Triton types of csa2_sparse_attention_kernel's arguments (also plugins/pdl.py's check)."""
     return {"q_ptr": pointer(dtype), "kv_ptr": pointer(dtype), "idx_ptr": pointer(idx_dtype),
             "win_ptr": pointer(dtype), "wmask_ptr": "*u8", "sink_ptr": "*fp32", "S": "i32", "N": "i32",
-            "T": "i32", "K": "i32", "blocks_per_split": "i32", "out_ptr": pointer(dtype), "ws_acc": "*fp32",
-            "ws_ml": "*fp32"}
+            "T": "i32", "K": "i32", "blocks_per_split": "i32", "out_ptr": pointer(dtype), "acc_ptr": "*fp32",
+            "ml_ptr": "*fp32"}
 
 
 def aot_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float,
@@ -30,11 +31,10 @@ def aot_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float,
     """(compiled kernel, launch: BLOCK_H for the grid (B*S, cdiv(H, BLOCK_H))); `overrides`
     replaces launch_config entries and num_stages (tactics, sweeps)."""
     cfg = kernel.launch_config(heads, dim, dtype) | dict(overrides or {})
-    cfg.pop("MIN_BLOCKS_PER_SPLIT")  # no workspace in an AOT plugin: no key split
-    # TensorRT passes the inputs, the extra ints and the output, nothing else: the workspace
-    # pointers of the split path become constant None, so the PTX does not declare them
-    sig = {k: v for k, v in kernel_signature(dtype, idx_dtype).items() if not k.startswith("ws_")}
-    consts = dict(H=heads, D=dim, SCALE=float(scale), SPLIT=False, ws_acc=None, ws_ml=None,
+    # TensorRT passes the inputs, the extra ints and the output, nothing else: the partials'
+    # pointers of the split form become constant None, so the PTX does not declare them
+    sig = {k: v for k, v in kernel_signature(dtype, idx_dtype).items() if k not in ("acc_ptr", "ml_ptr")}
+    consts = dict(H=heads, D=dim, SCALE=float(scale), SPLIT=False, acc_ptr=None, ml_ptr=None,
                   **{k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")})
     return compile_ptx(kernel.csa2_sparse_attention_kernel, sig, consts, cfg["num_warps"],
                        num_stages=cfg.get("num_stages"), aligned=aligned), cfg

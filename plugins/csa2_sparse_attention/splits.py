@@ -1,0 +1,94 @@
+"""How Csa2SparseAttention's split form divides a query row's keys (no Triton needed: the
+reference, the export, the JIT launcher and the TensorRT shape function all read it).
+
+Keys come in blocks of `block_keys`: ceil(K / block_keys) blocks of the selected entries, then
+ceil(T / block_keys) blocks of the window keys. A split takes `per` consecutive blocks of that
+list (the last split may take fewer, and one split may hold the last selected block and the
+first window block). The number of splits aims at `split_target` (row, split) programs per head
+block, so one decode row spreads over the GPU while many rows keep one split each, and never
+exceeds `max_splits(head_dim)` (what the combine kernel holds in registers).
+
+`split_plan` works on ints and on symbolic sizes through a `SizeOps`: `TORCH_SIZES` for ints and
+torch's SymInts while tracing (no guard on a dynamic size), `trt_sizes(trtp)` for TensorRT's shape
+expressions (which have +, -, *, // only with the expression on the left).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+
+from dsflash.plugins.launch import next_pow2
+
+H200_SMS = 132  # streaming multiprocessors of the H200 the exported attribute is tuned for
+
+
+def cdiv(a, b):
+    return (a + (b - 1)) // b
+
+
+class SizeOps(NamedTuple):
+    cdiv: Callable
+    min: Callable
+    max: Callable
+
+
+TORCH_SIZES = SizeOps(cdiv, torch.sym_min, torch.sym_max)
+
+
+def trt_sizes(trtp) -> SizeOps:
+    """tensorrt.plugin's cdiv / min / max, which refuse two ints (python's then)."""
+    def pick(sym, py):
+        return lambda a, b: py(a, b) if isinstance(a, int) and isinstance(b, int) else sym(a, b)
+
+    return SizeOps(pick(trtp.cdiv, cdiv), pick(trtp.min, min), pick(trtp.max, max))
+
+
+def launch_config(heads: int, dim: int, ieee: bool) -> dict:
+    """Block sizes and warps of csa2_sparse_attention_kernel, shared by the JIT launch, the AOT
+    compile and the split form's attribute (block_keys = BLOCK_K). For head_dim 512 the H200
+    sweeps (docs/benchmarks.md) put 16 heads x 32 keys x 4 warps first, with one key block per
+    split at decode (20 splits: 7.4 us unpipelined; 2 blocks 10.5 us, 4 blocks 15.0 us, no split
+    28.5 us; 32 heads 10.1 us). At 64 rows 32 heads per program ran faster (75.6 us vs 83.1 us);
+    the AOT build shares this setting and decode is slower with it, so 16 stays."""
+    block_d = next_pow2(dim, 16)
+    wide = block_d >= 256
+    block_h = 16 if wide else min(next_pow2(heads, 16), 64)
+    return dict(BLOCK_H=block_h, BLOCK_K=32 if wide else 64, BLOCK_D=block_d, IEEE=ieee, num_warps=4)
+
+
+def max_splits(dim: int) -> int:
+    """The combine kernel holds [splits, head_dim] fp32 partials in registers: at most 16K values."""
+    return max(1, 16384 // next_pow2(dim, 16))
+
+
+def default_split_target(heads: int, dim: int, sms: int = H200_SMS) -> int:
+    """(row, split) programs per head block that cover the GPU twice (the JIT launch's choice)."""
+    return cdiv(2 * sms, cdiv(heads, launch_config(heads, dim, False)["BLOCK_H"]))
+
+
+def export_attrs(heads: int, dim: int) -> dict:
+    """The split node's block_keys and split_target as the export writes them (the kernel's
+    key block, and the H200 target)."""
+    return {"block_keys": launch_config(heads, dim, False)["BLOCK_K"],
+            "split_target": default_split_target(heads, dim)}
+
+
+def key_blocks(keys, window, block_keys: int):
+    return cdiv(keys, block_keys) + cdiv(window, block_keys)
+
+
+def split_plan(rows, keys, window, dim: int, block_keys: int, split_target: int, n_split=None,
+               ops: SizeOps = TORCH_SIZES) -> tuple:
+    """(blocks per split, splits) for `rows` query rows (B*S) over K selected and T window keys;
+    `n_split` asks for a number of splits instead of the target (tests, sweeps). At least one
+    split even without keys (it gives the output 0: all mass on the sink)."""
+    if block_keys < 1 or split_target < 1:
+        raise ValueError(f"Csa2SparseAttentionSplit: block_keys {block_keys} and split_target "
+                         f"{split_target} must be >= 1")
+    blocks = ops.max(key_blocks(keys, window, block_keys), 1)
+    want = ops.cdiv(split_target, rows) if n_split is None else n_split
+    first = ops.max(ops.min(ops.min(blocks, max_splits(dim)), want), 1)
+    per = ops.cdiv(blocks, first)
+    return per, ops.cdiv(blocks, per)
