@@ -78,6 +78,36 @@ def test_plugin_nodes_carry_what_the_tensorrt_parser_needs(tiny_bundle):
         assert sorted(counts) == tiny_bundle.manifest["graphs"][graph]["plugin"]["custom_ops"]
 
 
+@pytest.mark.slow
+def test_bf16_plugin_graphs_feed_each_plugin_its_declared_types(tiny_cfg):
+    """A bf16 model's plugin graphs: every custom node's inputs and outputs have the types its
+    declaration gives (model-dtype ports bf16, fp32 ports float), which are the types its
+    TensorRT registration accepts (plugins/trt_types.io_types builds them from the same ports)."""
+    from dsflash.export.onnx_export import export_graph
+    from dsflash.model.model import DSFlashModel
+    from dsflash.plugins.onnx_translation import register_onnx_schemas
+    from dsflash.plugins.trt_types import io_types
+
+    register_onnx_schemas()
+    model = DSFlashModel(tiny_cfg).init_weights(seed=3).eval().to(torch.bfloat16)
+    decls = {d.name: d for d in DECLS}
+    names = {onnx.TensorProto.BFLOAT16: "BF16", onnx.TensorProto.FLOAT: "FP32", onnx.TensorProto.INT64: "INT64",
+             onnx.TensorProto.BOOL: "BOOL"}
+    for graph in GRAPHS:
+        proto = onnx.shape_inference.infer_shapes(export_graph(model, graph, "plugin"))
+        types = {v.name: v.type.tensor_type.elem_type
+                 for v in (*proto.graph.value_info, *proto.graph.input, *proto.graph.output)}
+        types |= {t.name: t.data_type for t in proto.graph.initializer}
+        seen = set()
+        for node in proto.graph.node:
+            if node.domain != DOMAIN:
+                continue
+            got = ", ".join(names[types[name]] for name in (*node.input, *node.output))
+            assert got == io_types(decls[node.op_type], "BF16"), (graph, node.op_type, got)
+            seen.add(node.op_type)
+        assert {"MhcBoundary", "Csa2IndexScore", "EngramHashGather"} <= seen, seen
+
+
 @pytest.mark.parametrize("flavor", ["portable", "plugin"])
 def test_flavors_match_pytorch_with_polygraphy(tiny_bundle, tiny_model, gen, flavor, tmp_path):
     cfg = tiny_model.cfg

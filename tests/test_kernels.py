@@ -242,8 +242,8 @@ def test_split_attention_kernels(gen, dtype, b, s, h, d, n, k, t, block_keys, ta
     attrs = {"block_keys": block_keys, "split_target": target}
     acc, ml = attn_kernel.csa2_sparse_attention_split(*_dev(*args), **attrs)
     _, n_split = attn_splits.split_plan(b * s, k, t, d, block_keys, target)
-    assert acc.shape == (b, s, n_split, h, d) and ml.shape == (b, s, n_split, h, 2)
-    assert torch.equal(ml[-1, -1, :, :, 1].cpu(), torch.zeros(n_split, h))  # the empty row: l = 0
+    assert acc.shape == (b, s, n_split, h, d) and ml.shape == (b, s, n_split, 2, h)
+    assert torch.equal(ml[-1, -1, :, 1].cpu(), torch.zeros(n_split, h))  # the empty row: l = 0
     assert_kernel_matches((acc, ml), attn_ref.csa2_sparse_attention_split, args, attrs, dtype,
                           f"Csa2SparseAttentionSplit {n_split} splits")
     q, sink = args[0], args[5]
@@ -261,10 +261,10 @@ def test_split_attention_rejects_bad_input(gen):
         attn_kernel.csa2_sparse_attention_split(q, kv, idx, win, mask, sink, scale, 16, 0)
     acc, ml = attn_kernel.csa2_sparse_attention_split(q, kv, idx, win, mask, sink, scale, 16, 8)
     with pytest.raises(ValueError, match="ml has shape"):
-        attn_kernel.csa2_attention_combine(q, acc, ml[:, :, :, :3], sink)
+        attn_kernel.csa2_attention_combine(q, acc, ml[:, :, :, :, :3], sink)
     with pytest.raises(ValueError, match="acc has dtype torch.float16"):
         attn_kernel.csa2_attention_combine(q, acc.half(), ml, sink)
-    many = acc.new_zeros(1, 1, 1025, 4, 16), ml.new_zeros(1, 1, 1025, 4, 2)
+    many = acc.new_zeros(1, 1, 1025, 4, 16), ml.new_zeros(1, 1, 1025, 2, 4)
     with pytest.raises(ValueError, match="1025 splits; the kernel combines 1 to 1024 at head_dim 16"):
         attn_kernel.csa2_attention_combine(q, *many, sink)
 

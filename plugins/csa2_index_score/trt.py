@@ -64,7 +64,7 @@ def register() -> None:
     import tensorrt as trt
     import tensorrt.plugin as trtp
 
-    from dsflash.plugins.trt_types import torch_dtypes
+    from dsflash.plugins.trt_types import io_types, torch_dtypes
 
     plugin_id = f"{DOMAIN}::{DECL.name}"
 
@@ -76,8 +76,8 @@ def register() -> None:
     @trtp.autotune(plugin_id)
     def _tune(q, w, k, visible, outputs):
         both = tactics(torch.bfloat16, constant(q.shape_expr[3]))
-        return [trtp.AutoTuneCombination("BF16|FP16, FP32, BF16|FP16, BOOL, FP32", "LINEAR", both),
-                trtp.AutoTuneCombination("FP32, FP32, FP32, BOOL, FP32", "LINEAR", [ONE_BLOCK])]
+        return [trtp.AutoTuneCombination(io_types(DECL, "BF16|FP16"), "LINEAR", both),
+                trtp.AutoTuneCombination(io_types(DECL, "FP32"), "LINEAR", [ONE_BLOCK])]
 
     @trtp.aot_impl(plugin_id)
     def _aot(q: trtp.TensorDesc, w: trtp.TensorDesc, k: trtp.TensorDesc, visible: trtp.TensorDesc,

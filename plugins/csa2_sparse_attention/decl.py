@@ -2,7 +2,7 @@ from dsflash.plugins.csa2_sparse_attention import reference
 from dsflash.plugins.declaration import Attr, OpDecl, Port
 
 _INPUTS = (Port("q", "float"), Port("kv", "float"), Port("idx", "int64"), Port("win_kv", "float"),
-           Port("win_mask", "bool"), Port("sink", "float"))
+           Port("win_mask", "bool"), Port("sink", "fp32"))
 
 DECL = OpDecl(
     name="Csa2SparseAttention", torch_name="csa2_sparse_attention", inputs=_INPUTS,
@@ -19,6 +19,6 @@ SPLIT_DECL = OpDecl(
 
 COMBINE_DECL = OpDecl(
     name="Csa2AttentionCombine", torch_name="csa2_attention_combine",
-    inputs=(Port("q", "float"), Port("acc", "fp32"), Port("ml", "fp32"), Port("sink", "float")),
+    inputs=(Port("q", "float"), Port("acc", "fp32"), Port("ml", "fp32"), Port("sink", "fp32")),
     outputs=(Port("out", "float"),), attrs=(),
     reference=reference.csa2_attention_combine, shape_fn=reference.combine_shape)

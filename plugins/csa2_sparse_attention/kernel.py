@@ -57,7 +57,7 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
                                  SPLIT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False):
     # TensorRT's AOT order (inputs, integer scalars, outputs): the unsplit plugin passes out_ptr
     # (acc_ptr / ml_ptr compiled as None), the split plugin acc_ptr [B,S,P,H,D] and ml_ptr
-    # [B,S,P,H,2] (out_ptr None). Contiguous tensors, so strides follow from the sizes; the
+    # [B,S,P,2,H] (out_ptr None). Contiguous tensors, so strides follow from the sizes; the
     # softmax scale is a compile-time constant (an attribute).
     wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -97,8 +97,11 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
     if SPLIT:  # partial softmax of this run of keys, for the combine kernel
         part = (row * tl.num_programs(2) + tl.program_id(2)) * H + h  # [B*S, P, H] flat
         tl.store(acc_ptr + part[:, None] * D + dd[None, :], acc, mask=hd_mask)
-        tl.store(ml_ptr + part * 2, m_i, mask=hmask)
-        tl.store(ml_ptr + part * 2 + 1, l_i, mask=hmask)
+        # m and l as two planes of H: 16 heads' values in one contiguous store each (interleaved
+        # (m, l) pairs cost 0.35 us more per decode step on the H200, 7.13 against 6.78 us)
+        plane = (row * tl.num_programs(2) + tl.program_id(2)) * 2 * H + h
+        tl.store(ml_ptr + plane, m_i, mask=hmask)
+        tl.store(ml_ptr + plane + H, l_i, mask=hmask)
     else:
         out = acc / (l_i + tl.exp(sink - m_i))[:, None]
         out_ptrs = out_ptr + ((b * S + s) * H + h[:, None]) * D + dd[None, :]
@@ -119,8 +122,9 @@ def csa2_attention_combine_kernel(q_ptr, acc_ptr, ml_ptr, sink_ptr, n_split, out
     ok = sp < n_split
     dd = tl.arange(0, BLOCK_D)
     part_at = (row * n_split + sp) * H + h
-    m_p = tl.load(ml_ptr + part_at * 2, mask=ok, other=float("-inf"))
-    l_p = tl.load(ml_ptr + part_at * 2 + 1, mask=ok, other=0.0)
+    plane = (row * n_split + sp) * 2 * H + h
+    m_p = tl.load(ml_ptr + plane, mask=ok, other=float("-inf"))
+    l_p = tl.load(ml_ptr + plane + H, mask=ok, other=0.0)
     part = tl.load(acc_ptr + part_at[:, None] * D + dd[None, :], mask=ok[:, None] & (dd < D)[None, :],
                    other=0.0)
     sink = tl.load(sink_ptr + h).to(tl.float32)
@@ -233,7 +237,7 @@ def csa2_sparse_attention_split(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_
                                 scale: float, block_keys: int, split_target: int
                                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The split form's first node (reference.csa2_sparse_attention_split's signature): the
-    partials in fresh [B,S,P,H,D] / [B,S,P,H,2] fp32 tensors. block_keys is the kernel's BLOCK_K."""
+    partials in fresh [B,S,P,H,D] / [B,S,P,2,H] fp32 tensors. block_keys is the kernel's BLOCK_K."""
     _check(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H)
     require(block_keys in (16, 32, 64, 128), f"Csa2SparseAttentionSplit: block_keys {block_keys} is not "
             f"one of the kernel's key blocks (16, 32, 64, 128)")
@@ -241,7 +245,7 @@ def csa2_sparse_attention_split(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_
     per, n_split = splits.split_plan(b * s, idx_BSK.shape[2], win_kv_BTD.shape[1], d, block_keys,
                                      split_target)
     acc = q_BSHD.new_empty((b, s, n_split, h, d), dtype=torch.float32)
-    ml = q_BSHD.new_empty((b, s, n_split, h, 2), dtype=torch.float32)
+    ml = q_BSHD.new_empty((b, s, n_split, 2, h), dtype=torch.float32)
     if acc.numel():
         cfg = launch_config(h, d, q_BSHD.dtype) | {"BLOCK_K": block_keys}
         _launch_attention(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale, cfg,
@@ -249,7 +253,7 @@ def csa2_sparse_attention_split(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_
     return acc, ml
 
 
-def csa2_attention_combine(q_BSHD: torch.Tensor, acc_BSPHD: torch.Tensor, ml_BSPH2: torch.Tensor,
+def csa2_attention_combine(q_BSHD: torch.Tensor, acc_BSPHD: torch.Tensor, ml_BSP2H: torch.Tensor,
                            sink_H: torch.Tensor) -> torch.Tensor:
     """The split form's second node (reference.csa2_attention_combine's signature)."""
     op = "Csa2AttentionCombine"
@@ -257,18 +261,18 @@ def csa2_attention_combine(q_BSHD: torch.Tensor, acc_BSPHD: torch.Tensor, ml_BSP
     b, s, h, d = q_BSHD.shape
     check_shape(op, "acc", acc_BSPHD, (b, s, None, h, d))
     n_split = acc_BSPHD.shape[2]
-    check_shape(op, "ml", ml_BSPH2, (b, s, n_split, h, 2))
+    check_shape(op, "ml", ml_BSP2H, (b, s, n_split, 2, h))
     check_shape(op, "sink", sink_H, (h,))
     check_dtype(op, "acc", acc_BSPHD, (torch.float32,))
-    check_dtype(op, "ml", ml_BSPH2, (torch.float32,))
+    check_dtype(op, "ml", ml_BSP2H, (torch.float32,))
     check_dtype(op, "q", q_BSHD, FLOATS)
     check_dtype(op, "sink", sink_H, FLOATS)
     require(1 <= n_split <= splits.max_splits(d), f"{op}: {n_split} splits; the kernel combines 1 to "
             f"{splits.max_splits(d)} at head_dim {d}")
-    check_device(op, q=q_BSHD, acc=acc_BSPHD, ml=ml_BSPH2, sink=sink_H)
+    check_device(op, q=q_BSHD, acc=acc_BSPHD, ml=ml_BSP2H, sink=sink_H)
     out = torch.empty_like(q_BSHD)
     if out.numel():
-        _launch_combine(q_BSHD, acc_BSPHD.contiguous(), ml_BSPH2.contiguous(), sink_H.contiguous(), n_split,
+        _launch_combine(q_BSHD, acc_BSPHD.contiguous(), ml_BSP2H.contiguous(), sink_H.contiguous(), n_split,
                         out, pdl_launch_args(q_BSHD.device, {}))
     return out
 

@@ -47,8 +47,8 @@ def csa2_sparse_attention_split(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_
                                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The first half of the split form (splits.py says which keys each split holds): per split p,
     m_p = max(sink_h, its logits), l_p = sum exp(logit - m_p) and acc_p = sum exp(logit - m_p) kv
-    over its visible keys. -> acc [B,S,P,H,D], ml [B,S,P,H,2] (m, l), both fp32; a split without a
-    visible key has m = sink, l = 0, acc = 0."""
+    over its visible keys. -> acc [B,S,P,H,D], ml [B,S,P,2,H] (the m plane, then the l plane),
+    both fp32; a split without a visible key has m = sink, l = 0, acc = 0."""
     b, s, h, d = q_BSHD.shape
     k, t = idx_BSK.shape[2], win_kv_BTD.shape[1]
     per, n_split = split_plan(b * s, k, t, d, block_keys, split_target)
@@ -65,14 +65,14 @@ def csa2_sparse_attention_split(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_
     m = torch.maximum(lg.amax(-1), f32(sink_H).view(1, 1, 1, h))  # [B,S,P,H]
     p = torch.exp(lg - m.unsqueeze(-1))
     acc = torch.einsum("bsphl,bsld->bsphd", p, values)
-    return acc, torch.stack((m, p.sum(-1)), dim=-1)
+    return acc, torch.stack((m, p.sum(-1)), dim=3)
 
 
-def csa2_attention_combine(q_BSHD: torch.Tensor, acc_BSPHD: torch.Tensor, ml_BSPH2: torch.Tensor,
+def csa2_attention_combine(q_BSHD: torch.Tensor, acc_BSPHD: torch.Tensor, ml_BSP2H: torch.Tensor,
                            sink_H: torch.Tensor) -> torch.Tensor:
     """The second half: the splits' partial softmaxes weighted by exp(m_p - m) and normalised
     with the sink. q gives the output's shape and dtype only (its values are not read)."""
-    m_p, l_p = f32(ml_BSPH2).unbind(-1)
+    m_p, l_p = f32(ml_BSP2H).unbind(3)
     sink = f32(sink_H).view(1, 1, -1)
     m = torch.maximum(m_p.amax(2), sink)  # [B,S,H]
     w = torch.exp(m_p - m.unsqueeze(2))
@@ -84,7 +84,7 @@ def split_shape(q_shape, kv_shape, idx_shape, win_shape, mask_shape, sink_shape,
                 split_target):
     b, s, h, d = q_shape
     _, n_split = split_plan(b * s, idx_shape[2], win_shape[1], d, block_keys, split_target)
-    return [(b, s, n_split, h, d), (b, s, n_split, h, 2)]
+    return [(b, s, n_split, h, d), (b, s, n_split, 2, h)]
 
 
 def combine_shape(q_shape, acc_shape, ml_shape, sink_shape):

@@ -79,7 +79,7 @@ def register() -> None:
     import tensorrt as trt
     import tensorrt.plugin as trtp
 
-    from dsflash.plugins.trt_types import torch_dtypes
+    from dsflash.plugins.trt_types import io_types, torch_dtypes
 
     plugin_id = f"{DOMAIN}::{DECL.name}"
 
@@ -90,8 +90,8 @@ def register() -> None:
 
     @trtp.autotune(plugin_id)
     def _tune(q, kv, idx, win_kv, win_mask, sink, scale, outputs):
-        io = "FP32|BF16|FP16, FP32|BF16|FP16, INT64, FP32|BF16|FP16, BOOL, FP32, FP32|BF16|FP16"
-        return [trtp.AutoTuneCombination(io, "LINEAR", tactics(constant(q.shape_expr[3])))]
+        return [trtp.AutoTuneCombination(io_types(DECL, "FP32|BF16|FP16"), "LINEAR",
+                                         tactics(constant(q.shape_expr[3])))]
 
     @trtp.aot_impl(plugin_id)
     def _aot(q: trtp.TensorDesc, kv: trtp.TensorDesc, idx: trtp.TensorDesc, win_kv: trtp.TensorDesc,

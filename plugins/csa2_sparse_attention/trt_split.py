@@ -61,7 +61,7 @@ def split_outputs(q_shape, idx_shape, win_shape, block_keys: int, split_target: 
     b, s, h, d = (q_shape[i] for i in range(4))
     per, n_split = splits.split_plan(b * s, idx_shape[2], win_shape[1], constant(d), block_keys,
                                      split_target, ops=ops)
-    return per, (b, s, n_split, h, d), (b, s, n_split, h, 2)
+    return per, (b, s, n_split, h, d), (b, s, n_split, 2, h)
 
 
 def aot_launch_split(q_shape, kv_shape, idx_shape, win_shape, dtype: torch.dtype, scale: float,
@@ -86,7 +86,7 @@ def register() -> None:
     import tensorrt as trt
     import tensorrt.plugin as trtp
 
-    from dsflash.plugins.trt_types import torch_dtypes
+    from dsflash.plugins.trt_types import io_types, torch_dtypes
 
     sizes = splits.trt_sizes(trtp)
     split_id, combine_id = f"{DOMAIN}::{SPLIT_DECL.name}", f"{DOMAIN}::{COMBINE_DECL.name}"
@@ -101,8 +101,7 @@ def register() -> None:
 
     @trtp.autotune(split_id)
     def _split_tune(q, kv, idx, win_kv, win_mask, sink, scale, block_keys, split_target, outputs):
-        io = "FP32|BF16|FP16, FP32|BF16|FP16, INT64, FP32|BF16|FP16, BOOL, FP32, FP32, FP32"
-        return [trtp.AutoTuneCombination(io, "LINEAR", tactics())]
+        return [trtp.AutoTuneCombination(io_types(SPLIT_DECL, "FP32|BF16|FP16"), "LINEAR", tactics())]
 
     @trtp.aot_impl(split_id)
     def _split_aot(q: trtp.TensorDesc, kv: trtp.TensorDesc, idx: trtp.TensorDesc, win_kv: trtp.TensorDesc,
@@ -119,7 +118,7 @@ def register() -> None:
 
     @trtp.autotune(combine_id)
     def _combine_tune(q, acc, ml, sink, outputs):
-        return [trtp.AutoTuneCombination("FP32|BF16|FP16, FP32, FP32, FP32, FP32|BF16|FP16", "LINEAR")]
+        return [trtp.AutoTuneCombination(io_types(COMBINE_DECL, "FP32|BF16|FP16"), "LINEAR")]
 
     @trtp.aot_impl(combine_id)
     def _combine_aot(q: trtp.TensorDesc, acc: trtp.TensorDesc, ml: trtp.TensorDesc, sink: trtp.TensorDesc,

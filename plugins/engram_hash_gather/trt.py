@@ -46,7 +46,7 @@ def register() -> None:
     import tensorrt as trt
     import tensorrt.plugin as trtp
 
-    from dsflash.plugins.trt_types import torch_dtypes
+    from dsflash.plugins.trt_types import io_types, torch_dtypes
 
     plugin_id = f"{DOMAIN}::{DECL.name}"
 
@@ -59,7 +59,7 @@ def register() -> None:
 
     @trtp.autotune(plugin_id)
     def _tune(cids, table, multipliers, primes, offsets, pad_id, heads, outputs):
-        return [trtp.AutoTuneCombination("INT64, FP32|BF16|FP16, FP32|BF16|FP16", "LINEAR")]
+        return [trtp.AutoTuneCombination(io_types(DECL, "FP32|BF16|FP16"), "LINEAR")]
 
     @trtp.aot_impl(plugin_id)
     def _aot(cids: trtp.TensorDesc, table: trtp.TensorDesc, multipliers: np.ndarray, primes: np.ndarray,

@@ -133,7 +133,7 @@ def register() -> None:
     import tensorrt as trt
     import tensorrt.plugin as trtp
 
-    from dsflash.plugins.trt_types import torch_dtypes
+    from dsflash.plugins.trt_types import io_types, torch_dtypes
 
     plugin_id = f"{DOMAIN}::{DECL.name}"
 
@@ -152,8 +152,7 @@ def register() -> None:
         hc, hidden = (constant(streams.shape_expr[i]) for i in (2, 3))
         combos = []
         for x, dtype in (("BF16", torch.bfloat16), ("FP16", torch.float16), ("FP32", torch.float32)):
-            io = ", ".join([x, x] + ["FP32"] * 6 + [x, x, x] + ["FP32"] * 3)
-            combos.append(trtp.AutoTuneCombination(io, "LINEAR", tactics(hc, hidden, dtype)))
+            combos.append(trtp.AutoTuneCombination(io_types(DECL, x), "LINEAR", tactics(hc, hidden, dtype)))
         return combos
 
     @trtp.aot_impl(plugin_id)
