@@ -67,10 +67,11 @@ def pdl_kernel_specs() -> dict:
     from dsflash.plugins.csa2_index_score import trt as index_trt
     from dsflash.plugins.csa2_sparse_attention import kernel as attention
     from dsflash.plugins.csa2_sparse_attention import trt as attention_trt
+    from dsflash.plugins.csa2_sparse_attention import trt_split as attention_split_trt
     from dsflash.plugins.stable_topk import kernel as topk
 
     def constants(cfg: dict) -> dict:
-        return {k: v for k, v in cfg.items() if k not in ("num_warps", "MIN_BLOCKS_PER_SPLIT")}
+        return {k: v for k, v in cfg.items() if k != "num_warps"}
 
     bf16 = torch.bfloat16
     index_sig = index_trt.kernel_signature(bf16)
@@ -98,8 +99,6 @@ def pdl_kernel_specs() -> dict:
         "attention_split": (attention.csa2_sparse_attention_kernel, attention_trt.kernel_signature(bf16),
                             {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True} | attn_cfg),
         "attention_combine": (attention.csa2_attention_combine_kernel,
-                              {"ws_acc": "*fp32", "ws_ml": "*fp32", "sink_ptr": "*fp32", "n_split": "i32",
-                               "out_ptr": "*bf16"},
-                              {"H": 64, "D": 512, "NSP": 32, "BLOCK_H": attn_cfg["BLOCK_H"],
-                               "BLOCK_D": attn_cfg["BLOCK_D"]}),
+                              attention_split_trt.combine_signature(bf16),
+                              {"H": 64, "D": 512, "NSP": 32, "BLOCK_D": attn_cfg["BLOCK_D"]}),
     }

@@ -48,11 +48,15 @@ def split_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float, block_k
 def combine_kernel(dtype: torch.dtype, heads: int, dim: int, aligned: bool = True) -> tuple[AotKernel, dict]:
     """csa2_attention_combine_kernel for up to splits.max_splits(dim) partials per (row, head)."""
     cfg = dict(BLOCK_D=next_pow2(dim, 16), NSP=next_pow2(splits.max_splits(dim)), num_warps=4)
-    sig = {"q_ptr": pointer(dtype), "acc_ptr": "*fp32", "ml_ptr": "*fp32", "sink_ptr": "*fp32",
-           "n_split": "i32", "out_ptr": pointer(dtype)}
     consts = dict(H=heads, D=dim, BLOCK_D=cfg["BLOCK_D"], NSP=cfg["NSP"])
-    return compile_ptx(kernel.csa2_attention_combine_kernel, sig, consts, cfg["num_warps"],
-                       aligned=aligned), cfg
+    return compile_ptx(kernel.csa2_attention_combine_kernel, combine_signature(dtype), consts,
+                       cfg["num_warps"], aligned=aligned), cfg
+
+
+def combine_signature(dtype: torch.dtype) -> dict:
+    """Triton types of csa2_attention_combine_kernel's arguments (also plugins/pdl.py's check)."""
+    return {"q_ptr": pointer(dtype), "acc_ptr": "*fp32", "ml_ptr": "*fp32", "sink_ptr": "*fp32",
+            "n_split": "i32", "out_ptr": pointer(dtype)}
 
 
 def split_outputs(q_shape, idx_shape, win_shape, block_keys: int, split_target: int,
