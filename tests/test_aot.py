@@ -27,12 +27,14 @@ def test_aot_kernels_for_tiny(tmp_path):
     index = json.loads((tmp_path / "kernels.json").read_text())
     # tiny's head_dim 32 gives the attention one tactic (DECODE retiles wide heads only)
     assert sorted(index) == ["Csa2AttentionCombine", "Csa2IndexScore", "Csa2IndexScore_tactic2",
-                             "Csa2SparseAttention", "Csa2SparseAttentionSplit", "Csa2SparseAttentionSplit_tactic2",
+                             "Csa2SparseAttention", "Csa2SparseAttentionSplit",
+                             "Csa2SparseAttentionSplit_tactic2",
                              "EngramHashGather_layer1", "EngramHashGather_layer3", "MhcBoundary",
                              "MhcBoundary_tactic2"]
     # what TensorRT passes: the input pointers, the aot_impl's extra ints, the output pointers
     trt_args = {"Csa2IndexScore": 4 + 2 + 1, "Csa2SparseAttention": 6 + 5 + 1, "EngramHashGather": 2 + 1 + 1,
-                "MhcBoundary": 9 + 3 + 5, "Csa2SparseAttentionSplit": 6 + 5 + 2, "Csa2AttentionCombine": 4 + 1 + 1}
+                "MhcBoundary": 9 + 3 + 5, "Csa2SparseAttentionSplit": 6 + 5 + 2,
+                "Csa2AttentionCombine": 4 + 1 + 1}
     for name, k in index.items():
         op = name.split("_")[0]
         ptx = (tmp_path / f"{name}.ptx").read_text()
@@ -99,7 +101,8 @@ with pytest.raises(ValueError, match="tactic 2 is not one of \\[1\\] for head_di
     attn_trt.aot_launch((1, 2, 8, 64), (1, 50, 64), (1, 2, 16), (1, 10, 64), bf16, 0.1, tactic=2)
 
 # the split form: one decode row over 16 + 5 key blocks of 32; 128 rows keep one split each
-sl = trt_split.aot_launch_split((1, 1, 64, 512), (1, 5000, 512), (1, 1, 512), (1, 129, 512), bf16, 0.04, 32, 66)
+sl = trt_split.aot_launch_split((1, 1, 64, 512), (1, 5000, 512), (1, 1, 512), (1, 129, 512), bf16, 0.04,
+                                32, 66)
 assert sl.grid == (1, 4, 21) and sl.extra == (1, 5000, 129, 512, 1) and sl.kernel.num_warps == 4, sl
 many = trt_split.aot_launch_split((2, 64, 64, 512), (2, 5000, 512), (2, 64, 512), (2, 192, 512), bf16, 0.04,
                                   32, 66, tactic=2)

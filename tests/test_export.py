@@ -91,8 +91,8 @@ def test_bf16_plugin_graphs_feed_each_plugin_its_declared_types(tiny_cfg):
     register_onnx_schemas()
     model = DSFlashModel(tiny_cfg).init_weights(seed=3).eval().to(torch.bfloat16)
     decls = {d.name: d for d in DECLS}
-    names = {onnx.TensorProto.BFLOAT16: "BF16", onnx.TensorProto.FLOAT: "FP32", onnx.TensorProto.INT64: "INT64",
-             onnx.TensorProto.BOOL: "BOOL"}
+    t = onnx.TensorProto
+    names = {t.BFLOAT16: "BF16", t.FLOAT: "FP32", t.INT64: "INT64", t.BOOL: "BOOL"}
     for graph in GRAPHS:
         proto = onnx.shape_inference.infer_shapes(export_graph(model, graph, "plugin"))
         types = {v.name: v.type.tensor_type.elem_type

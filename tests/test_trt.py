@@ -24,7 +24,8 @@ def _plugin_proto(bundle, graph="decoder_step"):
 
 def test_preflight_lists_the_plugins_of_each_graph(tiny_bundle):
     assert sorted(preflight(_plugin_proto(tiny_bundle))) == [  # decoder_step: the split attention
-        "Csa2AttentionCombine", "Csa2IndexScore", "Csa2SparseAttentionSplit", "EngramHashGather", "MhcBoundary"]
+        "Csa2AttentionCombine", "Csa2IndexScore", "Csa2SparseAttentionSplit", "EngramHashGather",
+        "MhcBoundary"]
     assert sorted(preflight(_plugin_proto(tiny_bundle, "encoder_prefill"))) == [
         "Csa2IndexScore", "Csa2SparseAttention", "EngramHashGather", "MhcBoundary"]
 
