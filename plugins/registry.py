@@ -78,10 +78,12 @@ class OpSet:
         self._backend = value
 
     def _call(self, decl: OpDecl, *inputs, **attrs):
-        # fp32 ports take fp32 whatever the model's dtype (a Cast node in a bf16 graph, nothing in
-        # an fp32 one), so every backend and TensorRT's type combinations see what they declare
-        inputs = tuple(x.float() if p.dtype == "fp32" and x.dtype != torch.float32 else x
-                       for p, x in zip(decl.inputs, inputs))
+        if self._backend == "custom_op":
+            # in a graph, fp32 ports take fp32 whatever the model's dtype (a Cast node in a bf16
+            # graph, nothing in an fp32 one), as the plugins' type combinations declare; the
+            # references and the Triton kernels read any float dtype and compute in fp32
+            inputs = tuple(x.float() if p.dtype == "fp32" and x.dtype != torch.float32 else x
+                           for p, x in zip(decl.inputs, inputs))
         if self._backend == "reference":
             return decl.reference(*inputs, **attrs)
         if self._backend == "triton":
