@@ -66,6 +66,8 @@ from dsflash.plugins.csa2_sparse_attention import trt as attn_trt
 from dsflash.plugins.csa2_sparse_attention import trt_split
 from dsflash.plugins.engram_hash_gather import trt as engram_trt
 from dsflash.plugins.mhc_boundary import trt as mhc_trt
+# stand-ins for tensorrt.plugin's shape expressions and launch objects (tests/trt_standin.py)
+from trt_standin import Expr, Params, SymIntExprs, size_functions, value
 
 bf16 = torch.bfloat16
 one = index_trt.aot_launch((2, 3, 32, 128), (2, 131075, 128), bf16, tactic=1)
@@ -113,48 +115,17 @@ with pytest.raises(ValueError, match="block_keys 48 is not one of the kernel's k
     trt_split.split_kernel(bf16, 64, 512, 0.04, 48)
 
 
-class Sym:
-    # a stand-in for tensorrt.plugin's ShapeExpr: +, -, *, // with the expression on the left
-    # only (ShapeExpr has no reflected operators), carrying the value to compare
-    def __init__(self, v):
-        self.v = v
-
-    def _op(self, other, fn):
-        return Sym(fn(self.v, other.v if isinstance(other, Sym) else other))
-
-    def __add__(self, o): return self._op(o, lambda a, b: a + b)
-    def __sub__(self, o): return self._op(o, lambda a, b: a - b)
-    def __mul__(self, o): return self._op(o, lambda a, b: a * b)
-    def __floordiv__(self, o): return self._op(o, lambda a, b: a // b)
-
-
-def sym_fn(fn):
-    def call(a, b):
-        if isinstance(a, int) and isinstance(b, int):
-            raise ValueError("two ints")  # as tensorrt.plugin's cdiv / min / max
-        return Sym(fn(a.v if isinstance(a, Sym) else a, b.v if isinstance(b, Sym) else b))
-    return call
-
-
-fake_trtp = types.SimpleNamespace(cdiv=sym_fn(lambda a, b: -(-a // b)), min=sym_fn(min), max=sym_fn(max))
+fake_trtp = types.SimpleNamespace(**size_functions())
 for b, s, k, t in ((1, 1, 512, 129), (3, 1, 512, 128), (1, 70, 512, 198), (2, 1, 0, 0), (1, 5, 7, 3)):
     want = trt_split.split_outputs((b, s, 64, 512), (b, s, k), (b, t, 512), 32, 66)
-    got = trt_split.split_outputs((Sym(b), Sym(s), 64, 512), (Sym(b), Sym(s), Sym(k)), (Sym(b), Sym(t), 512),
-                                  32, 66, splits.trt_sizes(fake_trtp))
-    values = (got[0].v, tuple(x.v if isinstance(x, Sym) else x for x in got[1]))
+    got = trt_split.split_outputs((Expr(b), Expr(s), 64, 512), (Expr(b), Expr(s), Expr(k)),
+                                  (Expr(b), Expr(t), 512), 32, 66, splits.trt_sizes(fake_trtp))
+    values = (value(got[0]), tuple(value(x) for x in got[1]))
     assert values == (want[0], want[1]), (b, s, k, t, values, want)
 
 
-class Params:
-    grid_x = grid_y = grid_z = block_x = shared_mem = None
-
-
-class Exprs(list):
-    def __init__(self, n):
-        super().__init__([None] * n)
-
-
-fake = types.SimpleNamespace(KernelLaunchParams=Params, SymIntExprs=Exprs, SymInt32=lambda e: ("sym", e))
+fake = types.SimpleNamespace(KernelLaunchParams=Params, SymIntExprs=SymIntExprs,
+                             SymInt32=lambda e: ("sym", e))
 name, ptx, launch, extra = two.for_trt(fake)
 assert name == two.kernel.name and ptx.startswith("//") and ".entry " + name in ptx
 assert (launch.grid_x, launch.grid_y, launch.grid_z, launch.block_x) == (6, 257, 1, 256)
@@ -168,4 +139,5 @@ def test_aot_launch_grids_tactics_and_trt_glue():
     against a stand-in for tensorrt.plugin's launch objects (compiles: a subprocess without the
     interpreter)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"), env.get("PYTHONPATH")]))
     subprocess.run([sys.executable, "-c", AOT_LAUNCH_CHECKS], check=True, env=env, timeout=300)

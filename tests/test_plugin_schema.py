@@ -10,6 +10,8 @@ from dsflash.plugins.onnx_translation import plugin_translation_table, register_
 from dsflash.plugins.registry import DECLS, SPARSE_ATTENTION_SPLIT, OpSet
 from dsflash.plugins.torch_ops import register_torch_ops
 
+from tolerances import OP_FP32, assert_close
+
 
 def sample_inputs(decl, gen):
     b, s, n, c, e = 2, 3, 7, 4, 8
@@ -85,7 +87,7 @@ def test_split_attention_form_matches_the_one_node_op(gen):
     want = OpSet("reference").csa2_sparse_attention(*inputs, **attrs)
     for backend in ("reference", "custom_op"):
         got = OpSet(backend, split_attention=True).csa2_sparse_attention(*inputs, **attrs)
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        assert_close(got, want, OP_FP32, f"split form, {backend}")
     acc, _ = SPARSE_ATTENTION_SPLIT.reference(*inputs, scale=0.3, block_keys=2, split_target=9)
     # 2 + 3 blocks of 2 keys; 6 rows aim at cdiv(9, 6) = 2 splits of 3 blocks
     assert acc.shape[2] == 2

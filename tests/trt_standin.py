@@ -66,6 +66,11 @@ def module_fn(fn):
     return call
 
 
+def size_functions() -> dict:
+    """tensorrt.plugin's cdiv / min / max over stand-in expressions."""
+    return {"cdiv": module_fn(lambda a, b: -(-a // b)), "min": module_fn(min), "max": module_fn(max)}
+
+
 class Desc:
     def __init__(self, shape, dtype):
         self.shape_expr, self.dtype = tuple(shape), dtype
@@ -103,8 +108,8 @@ def install() -> dict:
     trtp.AutoTuneCombination = lambda io, layout, tactics=None: (io, layout, tactics)
     trtp.KernelLaunchParams, trtp.SymIntExprs = Params, SymIntExprs
     trtp.SymInt32 = lambda e: ("SymInt32", value(e))
-    trtp.cdiv = module_fn(lambda a, b: -(-a // b))
-    trtp.min, trtp.max = module_fn(min), module_fn(max)
+    for name, fn in size_functions().items():
+        setattr(trtp, name, fn)
     trt = types.ModuleType("tensorrt")
     trt.DataType = types.SimpleNamespace(FLOAT="FLOAT", HALF="HALF", BF16="BF16", INT64="INT64",
                                          INT32="INT32", BOOL="BOOL")

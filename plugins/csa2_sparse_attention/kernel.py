@@ -185,7 +185,7 @@ class SparseAttentionLauncher(LauncherBase):
         if out.numel() == 0:
             return out
         cfg, pdl = self._config(q_BSHD)
-        target = splits.cdiv(2 * self._sms(q_BSHD.device), triton.cdiv(h, cfg["BLOCK_H"]))
+        target = triton.cdiv(2 * self._sms(q_BSHD.device), triton.cdiv(h, cfg["BLOCK_H"]))
         per, n_split = splits.split_plan(b * s, idx_BSK.shape[2], win_kv_BTD.shape[1], d, cfg["BLOCK_K"],
                                          target, n_split)
         if n_split == 1:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from dsflash.plugins.aot import cdiv_expr
 from dsflash.plugins.csa2_sparse_attention.splits import split_plan
 from dsflash.plugins.dtypes import cast, f32
 
@@ -59,7 +60,8 @@ def csa2_sparse_attention_split(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_
     visible = torch.cat((idx_BSK >= 0, win_mask_BST), dim=-1)  # [B,S,K+T]
     logits = torch.einsum("bshd,bsld->bshl", q, values) * scale
     logits = logits.masked_fill(~visible.unsqueeze(2), float("-inf"))
-    block = torch.cat((torch.arange(k) // block_keys, -(-k // block_keys) + torch.arange(t) // block_keys))
+    window_block = cdiv_expr(k, block_keys) + torch.arange(t) // block_keys
+    block = torch.cat((torch.arange(k) // block_keys, window_block))
     member = (block // per).unsqueeze(0) == torch.arange(n_split).unsqueeze(1)  # [P, K+T]
     lg = logits.unsqueeze(2).masked_fill(~member.view(1, 1, n_split, 1, -1), float("-inf"))
     m = torch.maximum(lg.amax(-1), f32(sink_H).view(1, 1, 1, h))  # [B,S,P,H]

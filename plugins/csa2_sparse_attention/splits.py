@@ -15,17 +15,15 @@ expressions (which have +, -, *, // only with the expression on the left).
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
+from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.launch import next_pow2
 
 H200_SMS = 132  # streaming multiprocessors of the H200 the exported attribute is tuned for
-
-
-def cdiv(a, b):
-    return (a + (b - 1)) // b
 
 
 class SizeOps(NamedTuple):
@@ -55,7 +53,8 @@ def launch_config(heads: int, dim: int, ieee: bool) -> dict:
     block_d = next_pow2(dim, 16)
     wide = block_d >= 256
     block_h = 16 if wide else min(next_pow2(heads, 16), 64)
-    return dict(BLOCK_H=block_h, BLOCK_K=32 if wide else 64, BLOCK_D=block_d, IEEE=ieee, num_warps=4)
+    return {"BLOCK_H": block_h, "BLOCK_K": 32 if wide else 64, "BLOCK_D": block_d, "IEEE": ieee,
+            "num_warps": 4}
 
 
 def max_splits(dim: int) -> int:

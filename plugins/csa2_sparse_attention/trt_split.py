@@ -47,8 +47,8 @@ def split_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float, block_k
 
 def combine_kernel(dtype: torch.dtype, heads: int, dim: int, aligned: bool = True) -> tuple[AotKernel, dict]:
     """csa2_attention_combine_kernel for up to splits.max_splits(dim) partials per (row, head)."""
-    cfg = dict(BLOCK_D=next_pow2(dim, 16), NSP=next_pow2(splits.max_splits(dim)), num_warps=4)
-    consts = dict(H=heads, D=dim, BLOCK_D=cfg["BLOCK_D"], NSP=cfg["NSP"])
+    cfg = {"BLOCK_D": next_pow2(dim, 16), "NSP": next_pow2(splits.max_splits(dim)), "num_warps": 4}
+    consts = {"H": heads, "D": dim, "BLOCK_D": cfg["BLOCK_D"], "NSP": cfg["NSP"]}
     return compile_ptx(kernel.csa2_attention_combine_kernel, combine_signature(dtype), consts,
                        cfg["num_warps"], aligned=aligned), cfg
 
