@@ -154,7 +154,8 @@ class CSA2Attention(nn.Module):
         cfg = self.cfg
         grouped = o_BSHD.flatten(-2).unflatten(-1, (cfg.o_groups, -1))
         wa = self.wo_a.weight.view(cfg.o_groups, cfg.o_lora_rank, -1)
-        z = torch.einsum("bsgi,gri->bsgr", grouped, wa)
+        # [B,S,G,1,I] @ [G,I,R]: a MatMul, since ONNX's Einsum has no bfloat16 type (moe.py)
+        z = torch.matmul(grouped.unsqueeze(-2), wa.transpose(1, 2)).squeeze(-2)
         return self.wo_b(z.flatten(-2))
 
     def _publish(self, x_BSE, pos_BS, source: SourceState, shared: StepShared) -> dict:

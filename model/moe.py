@@ -103,11 +103,14 @@ class MoE(nn.Module):
         w1 = torch.stack([e.w1.weight for e in self.experts])  # [E, I, H]
         w3 = torch.stack([e.w3.weight for e in self.experts])
         w2 = torch.stack([e.w2.weight for e in self.experts])  # [E, H, I]
-        gate = f32(torch.einsum("th,eih->tei", x_TE, w1))
-        up = f32(torch.einsum("th,eih->tei", x_TE, w3))
+        # MatMuls, not einsum: ONNX's Einsum has no bfloat16 type, so a bf16 graph holding one
+        # fails the ONNX checker (onnx/defs/math/defs.cc, Einsum's type constraint T)
+        gate = f32(torch.matmul(x_TE, w1.transpose(1, 2))).transpose(0, 1)  # [E,T,I] -> [T,E,I]
+        up = f32(torch.matmul(x_TE, w3.transpose(1, 2))).transpose(0, 1)
         limit = self.experts[0].limit
         h = F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit) * dense_w.unsqueeze(-1)
-        return f32(torch.einsum("tei,ehi->th", cast(h, x_TE.dtype), w2))
+        w2_EI_H = w2.transpose(1, 2).reshape(-1, w2.shape[1])  # [E*I, H]: the sum over experts and I
+        return f32(torch.matmul(cast(h, x_TE.dtype).flatten(1), w2_EI_H))
 
     def _add_shared(self, x_TE: torch.Tensor, out_TE: torch.Tensor) -> torch.Tensor:
         if self.shared_experts is None:

@@ -1,0 +1,58 @@
+"""The graph forms of two grouped products against the forms they replace.
+
+The MoE's dense dispatch (what export and CUDA-graph capture run: every expert on every row,
+weight 0 where not routed) against its per-expert loop, and the grouped o-projection against
+each group's own map. Both are MatMuls, not einsum, because ONNX's Einsum has no bfloat16 type
+(test_export checks bf16 graphs with the ONNX checker)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tolerances import OP_FP32, assert_close, kernel_bound
+
+
+def dense_moe(moe, x_TE):
+    idx, w = moe.gate(x_TE)
+    return moe._add_shared(x_TE, moe._dense_dispatch(x_TE, idx, w))
+
+
+def loop_moe(moe, x_TE):
+    return moe(x_TE.unsqueeze(0)).squeeze(0).float()
+
+
+def test_dense_dispatch_equals_the_expert_loop_fp32(tiny_model, gen):
+    moe = tiny_model.layers[0].ffn
+    assert not moe.dense and len(moe.experts) > moe.gate.top_k
+    x = torch.randn(37, tiny_model.cfg.hidden_size, generator=gen)
+    with torch.no_grad():
+        assert_close(dense_moe(moe, x), loop_moe(moe, x), OP_FP32, "dense dispatch, fp32")
+
+
+def test_dense_dispatch_bf16_within_the_rounding_rule(tiny_model, gen):
+    """bf16: both forms against the fp32 loop; the dense form (one rounding of the sum over
+    experts) may be off by at most the §7 bound of the loop's own bf16 error."""
+    moe = tiny_model.layers[0].ffn
+    x = torch.randn(37, tiny_model.cfg.hidden_size, generator=gen).to(torch.bfloat16)
+    with torch.no_grad():
+        exact = loop_moe(moe, x.float())
+        moe.to(torch.bfloat16)
+        try:
+            err_loop = (loop_moe(moe, x) - exact).abs().max().item()
+            err_dense = (dense_moe(moe, x) - exact).abs().max().item()
+        finally:
+            moe.float()
+    assert err_dense <= kernel_bound(err_loop, torch.bfloat16), (err_dense, err_loop)
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_grouped_o_projection_is_each_groups_own_map(tiny_model, gen, rows):
+    attn = tiny_model.layers[0].attn
+    cfg = tiny_model.cfg
+    o = torch.randn(2, rows, cfg.num_attention_heads, cfg.head_dim, generator=gen)
+    with torch.no_grad():
+        got = attn._project_out(o)
+        groups = o.flatten(-2).chunk(cfg.o_groups, dim=-1)
+        wa = attn.wo_a.weight.chunk(cfg.o_groups, dim=0)  # group g's rows of wo_a
+        z = torch.cat([g @ w.T for g, w in zip(groups, wa, strict=True)], dim=-1)
+        assert_close(got, attn.wo_b(z), OP_FP32, f"o-projection, {rows} rows")
