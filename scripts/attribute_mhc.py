@@ -53,6 +53,10 @@ VARIANTS = {
     "no projection (dot and fn loads)": ([(_DOT, "acc += 0.0", 1)], {}, None),
     "no RMSNorm pass over x": ([(_NORM, "pass", 2)], {}, None),
     "no new-stream stores": ([(_NEW_STORE, "pass", 1)], {}, None),
+    # decode sizes (session 13): the split blocks' finish
+    "Sinkhorn: 1 iteration": ([("for _ in range(ITERS - 1):", "for _ in range(0):", 2)], {}, None),
+    "barrier at every block size": ([], {"BARRIER": True}, None),
+    "no barrier (the last program normalises the block)": ([], {"BARRIER": False}, None),
     "R' twice (no fence)": ([], {"ONCE": False}, None),
     "RMSNorm loop 4 stages": ([(_NORM_LOOP, _NORM_LOOP.replace("=3", "=4"), 1)], {}, None),
     "streams, y, new evict_first": (_EVICT, {}, None),

@@ -291,8 +291,8 @@ def test_mhc_boundary_kernel(gen, dtype, b, s, c, e, n_split):
     for _ in range(2):  # the second call checks the split path cleared its counters
         got = launcher(*_dev(*args), **attrs, n_split=n_split)
         assert_kernel_matches(got, mhc_ref.mhc_boundary, args, attrs, dtype, f"MhcBoundary split={n_split}")
-        # every token block's counter is back at zero for the next launch
-        assert all(torch.count_nonzero(counter) == 0 for _, _, counter in launcher._ws.values())
+        # every token block's arrival count is back at zero for the next launch
+        assert all(torch.count_nonzero(counter[0]) == 0 for _, _, counter in launcher._ws.values())
 
 
 @pytest.mark.parametrize("tokens, block_t, want", [
@@ -390,3 +390,24 @@ def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk, digits):
         # counters and histograms are back at zero for the next call (CUDA-graph replay)
         for ws in launcher._ws.values():
             assert torch.count_nonzero(ws["counter"]) == 0 and torch.count_nonzero(ws["hist"]) == 0
+
+
+@pytest.mark.parametrize("regs, warps, shared, want", [
+    (128, 4, 50_000, 4 * 132),   # registers and shared memory both allow 4 per SM
+    (24, 4, 0, 16 * 132),        # threads: 2048 / 128 (registers would allow 21)
+    (255, 8, 0, 1 * 132),        # 255 -> 256 per thread: 64K / (8 warps x 8K)
+    (32, 1, 0, 32 * 132),        # block slots
+    (64, 4, 120_000, 1 * 132),   # shared memory: one block of 120 KB (+1 KB reserved) per SM
+])
+def test_resident_programs_follow_the_occupancy_rules(regs, warps, shared, want):
+    """The count that decides whether a launch whose programs wait for each other fits one
+    cooperative launch (MhcBoundary's barrier), against H200 figures worked by hand."""
+    from types import SimpleNamespace
+
+    from dsflash.plugins.coresident import programs_per_gpu
+
+    h200 = SimpleNamespace(multi_processor_count=132, regs_per_multiprocessor=65536,
+                           max_threads_per_multi_processor=2048, shared_memory_per_multiprocessor=233472,
+                           max_blocks_per_multi_processor=32)
+    compiled = SimpleNamespace(n_regs=regs, metadata=SimpleNamespace(num_warps=warps, shared=shared))
+    assert programs_per_gpu(compiled, h200) == want

@@ -86,16 +86,47 @@ def test_sparse_attention_flash_sizes(gen, s):
     assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, "sparse attention")
 
 
-@pytest.mark.parametrize("tokens,n_split", [(1, None), (7, None), (300, None), (300, 1), (5000, None)])
-def test_mhc_boundary_flash_sizes(gen, tokens, n_split):
-    """Split channels (few tokens) and whole rows per program (n_split 1, and 5000 tokens)."""
+@pytest.mark.parametrize("barrier", [True, False])
+@pytest.mark.parametrize("tokens,n_split", [(1, None), (7, None), (64, None), (300, None), (300, 1),
+                                            (5000, None)])
+def test_mhc_boundary_flash_sizes(gen, tokens, n_split, barrier):
+    """Split channels (few tokens) and whole rows per program (n_split 1, and 5000 tokens); split
+    blocks finish with the barrier (every split normalises its own chunks) or without it (the
+    last program normalises the block)."""
     args = mhc_inputs(gen, tokens)
     attrs = dict(iters=20, hc_eps=1e-6, rms_eps=1e-6)
-    launcher = mhc_kernel.MhcBoundaryLauncher()
-    for _ in range(2):  # the second call runs on the counters the first one cleared
+    launcher = mhc_kernel.MhcBoundaryLauncher(overrides={"BARRIER": barrier})
+    for _ in range(3):  # later calls run on the counters the first one left
         poison_allocator()
         got = launcher(*cuda(*args), **attrs, n_split=n_split)
         assert_kernel_matches(got, mhc_ref.mhc_boundary, args, attrs, BF16, f"mhc {tokens} tokens")
+    split = tokens <= 300 and n_split is None
+    # the flash-size split grids fit one cooperative launch, so the barrier form ran
+    assert list(launcher._fits.values()) == ([True] if barrier and split else []), launcher._fits
+
+
+def test_mhc_barrier_under_graph_replay(gen):
+    """The decode boundary's cooperative launch captured once as a CUDA graph (as the decode step
+    is) and replayed on fresh inputs: each replay equals the reference (a stale generation or
+    arrival count shows up as a hang or a wrong replay)."""
+    attrs = dict(iters=20, hc_eps=1e-6, rms_eps=1e-6)
+    launcher = mhc_kernel.MhcBoundaryLauncher(overrides={"BARRIER": True})  # also for one row
+    for tokens in (1, 16):
+        inputs = cuda(*mhc_inputs(gen, tokens))
+        launcher(*inputs, **attrs)  # compile, allocate the workspace
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = launcher(*inputs, **attrs)
+        for _ in range(4):
+            fresh = mhc_inputs(gen, tokens)
+            for dst, src in zip(inputs, fresh):
+                dst.copy_(src)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert_kernel_matches(tuple(o.clone() for o in outs), mhc_ref.mhc_boundary, fresh, attrs, BF16,
+                                  f"mhc replay, {tokens} tokens")
+    assert all(launcher._fits.values()) and len(launcher._fits) == 2, launcher._fits
 
 
 def test_mhc_boundary_is_one_launch(gen):

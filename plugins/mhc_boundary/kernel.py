@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dsflash.plugins.coresident import arrive_and_wait, resident_programs
 from dsflash.plugins.launch import (LauncherBase, check_device, check_dtype, check_shape, interpreting, next_pow2,
                                     require)
 
@@ -57,18 +58,81 @@ def _next_coefficients(acc, sumsq_r, t, tmask, base, s_pre, s_post, s_comb, pre_
     tc = t[:, None] * C + a[None, :]
     pre = tl.sigmoid(tl.load(pre_out + tc, mask=rows, other=0.0, cache_modifier=".cg")) + HC_EPS
     post = 2.0 * tl.sigmoid(tl.load(post_out + tc, mask=rows, other=0.0, cache_modifier=".cg"))
-    tcc = t[:, None, None] * (C * C) + a[None, :, None] * C + a[None, None, :]
-    logits = tl.load(comb_out + tcc, mask=tmask[:, None, None], other=0.0, cache_modifier=".cg")
-    ex = tl.exp(logits - tl.max(logits, axis=2)[:, :, None])
-    comb = ex / tl.sum(ex, axis=2)[:, :, None] + HC_EPS
-    comb = comb / (tl.sum(comb, axis=1)[:, None, :] + HC_EPS)
-    for _ in range(ITERS - 1):
-        comb = comb / (tl.sum(comb, axis=2)[:, :, None] + HC_EPS)
+    if t.shape[0] >= 16:
+        # Sinkhorn on C * C [rows] vectors (_sinkhorn). H200 (session 13, the kernel without the
+        # barrier): 16 tokens 28.6 -> 24.3 us, 64 tokens 23.0 -> 20.3 us, 300 tokens 46.9 -> 44.9;
+        # at 1 and 4 tokens the [rows, C, C] tile below was as fast or faster (8.4 against 8.6 us,
+        # 17.6 against 18.3 us in a first run)
+        logits = ()
+        for jk in tl.static_range(C * C):
+            logits = logits + (tl.load(comb_out + t * (C * C) + jk, mask=tmask, other=0.0, cache_modifier=".cg"),)
+        comb = _sinkhorn(logits, C, ITERS, HC_EPS)
+        tl.debug_barrier()  # every thread has read the raw values before any is overwritten
+        for jk in tl.static_range(C * C):
+            tl.store(comb_out + t * (C * C) + jk, comb[jk], mask=tmask)
+    else:
+        tcc = t[:, None, None] * (C * C) + a[None, :, None] * C + a[None, None, :]
+        logits = tl.load(comb_out + tcc, mask=tmask[:, None, None], other=0.0, cache_modifier=".cg")
+        ex = tl.exp(logits - tl.max(logits, axis=2)[:, :, None])
+        comb = ex / tl.sum(ex, axis=2)[:, :, None] + HC_EPS
         comb = comb / (tl.sum(comb, axis=1)[:, None, :] + HC_EPS)
-    tl.debug_barrier()  # every thread has read the raw values before any is overwritten
+        for _ in range(ITERS - 1):
+            comb = comb / (tl.sum(comb, axis=2)[:, :, None] + HC_EPS)
+            comb = comb / (tl.sum(comb, axis=1)[:, None, :] + HC_EPS)
+        tl.debug_barrier()  # every thread has read the raw values before any is overwritten
+        tl.store(comb_out + tcc, comb, mask=tmask[:, None, None])
     tl.store(pre_out + tc, pre, mask=rows)
     tl.store(post_out + tc, post, mask=rows)
-    tl.store(comb_out + tcc, comb, mask=tmask[:, None, None])
+
+
+@triton.jit
+def _divide_rows(c, C: tl.constexpr, HC_EPS: tl.constexpr):
+    """c[j, k] / (sum_k c[j, k] + eps) for a C x C matrix held as C * C vectors (row-major)."""
+    out = ()
+    for j in tl.static_range(C):
+        total = c[j * C]
+        for k in tl.static_range(1, C):
+            total += c[j * C + k]
+        for k in tl.static_range(C):
+            out = out + (c[j * C + k] / (total + HC_EPS),)
+    return out
+
+
+@triton.jit
+def _divide_columns(c, C: tl.constexpr, HC_EPS: tl.constexpr):
+    """c[j, k] / (sum_j c[j, k] + eps), as _divide_rows."""
+    totals = ()
+    for k in tl.static_range(C):
+        total = c[k]
+        for j in tl.static_range(1, C):
+            total += c[j * C + k]
+        totals = totals + (total + HC_EPS,)
+    out = ()
+    for jk in tl.static_range(C * C):
+        out = out + (c[jk] / totals[jk % C],)
+    return out
+
+
+@triton.jit
+def _sinkhorn(logits, C: tl.constexpr, ITERS: tl.constexpr, HC_EPS: tl.constexpr):
+    """reference.sinkhorn for each row's C x C logits, held as C * C [rows] vectors (a tuple,
+    row-major): every sum is one thread's own additions, where a [rows, C, C] tile of 16 or more
+    rows spreads each matrix over several threads (shuffles in each of the 2 * ITERS sums)."""
+    ex = ()
+    for j in tl.static_range(C):
+        top = logits[j * C]
+        for k in tl.static_range(1, C):
+            top = tl.maximum(top, logits[j * C + k])
+        for k in tl.static_range(C):
+            ex = ex + (tl.exp(logits[j * C + k] - top),)
+    comb = _divide_rows(ex, C, 0.0)
+    eps = ()
+    for jk in tl.static_range(C * C):
+        eps = eps + (comb[jk] + HC_EPS,)
+    comb = _divide_columns(eps, C, HC_EPS)
+    for _ in range(ITERS - 1):
+        comb = _divide_columns(_divide_rows(comb, C, HC_EPS), C, HC_EPS)
+    return comb
 
 
 @triton.jit
@@ -165,15 +229,10 @@ def _mix_chunk(streams_ptr, y_ptr, post, comb, pre, fn_ptr, new_ptr, x_ptr, t64,
 
 
 @triton.jit
-def _merge_and_finish(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, x_ptr, nw_ptr, base_ptr, scale_ptr,
-                      pre_out, post_out, comb_out, C: tl.constexpr, E: tl.constexpr, M: tl.constexpr,
-                      MP: tl.constexpr, ITERS: tl.constexpr, HC_EPS: tl.constexpr,
-                      RMS_EPS: tl.constexpr, BLOCK_T: tl.constexpr, NSP: tl.constexpr,
-                      NORM_E: tl.constexpr):
-    """Split path, last program of a token block: sum the splits' partials in a fixed order
-    (deterministic, unlike float atomics; through L2), then the coefficients and the RMSNorm of
-    each row's x (written by the other programs)."""
-    base, s_pre, s_post, s_comb = _load_site(base_ptr, scale_ptr, M, MP)
+def _merge_partials(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, M: tl.constexpr, MP: tl.constexpr,
+                    BLOCK_T: tl.constexpr, NSP: tl.constexpr):
+    """Split path: the splits' partial sums of a token block added in a fixed order (deterministic,
+    unlike float atomics; through L2) -> (projection [rows, MP], sum R^2, sum x^2)."""
     m = tl.arange(0, MP)
     acc = tl.zeros([BLOCK_T, MP], dtype=tl.float32)
     sumsq_r = tl.zeros([BLOCK_T], dtype=tl.float32)
@@ -201,9 +260,46 @@ def _merge_and_finish(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, x_ptr, nw_pt
             sumsq_r += tl.load(ws_sq + slot * 2, mask=tmask, other=0.0, cache_modifier=".cg")
             sumsq_x += tl.load(ws_sq + slot * 2 + 1, mask=tmask, other=0.0, cache_modifier=".cg")
             slot += T
+    return acc, sumsq_r, sumsq_x
+
+
+@triton.jit
+def _finish_block(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, base_ptr, scale_ptr, pre_out, post_out,
+                  comb_out, C: tl.constexpr, E: tl.constexpr, M: tl.constexpr, MP: tl.constexpr,
+                  ITERS: tl.constexpr, HC_EPS: tl.constexpr, RMS_EPS: tl.constexpr, BLOCK_T: tl.constexpr,
+                  NSP: tl.constexpr):
+    """Split path, one program per token block: merge the partials, write the next coefficients.
+    -> the rows' sum of x^2."""
+    base, s_pre, s_post, s_comb = _load_site(base_ptr, scale_ptr, M, MP)
+    acc, sumsq_r, sumsq_x = _merge_partials(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, M, MP, BLOCK_T, NSP)
     _next_coefficients(acc, sumsq_r, t64, tmask, base, s_pre, s_post, s_comb, pre_out, post_out, comb_out,
                        E, ITERS, HC_EPS, RMS_EPS, C, M, MP)
-    _normalise_rows(sumsq_x, t64, tmask, x_ptr, nw_ptr, E, RMS_EPS, NORM_E)
+    return sumsq_x
+
+
+@triton.jit
+def _normalise_chunks(sumsq_x, t64, tmask, x_ptr, nw_ptr, c_lo, c_hi, E: tl.constexpr,
+                      RMS_EPS: tl.constexpr, BLOCK_E: tl.constexpr):
+    """x <- RMSNorm(x) * w over this program's own chunks of channels (barrier path)."""
+    rstd_x = tl.rsqrt(sumsq_x / E + RMS_EPS)
+    for c in range(c_lo, c_hi):
+        e = c * BLOCK_E + tl.arange(0, BLOCK_E)
+        emask = e < E
+        m2 = tmask[:, None] & emask[None, :]
+        ptrs = x_ptr + t64[:, None] * E + e[None, :]
+        x = tl.load(ptrs, mask=m2, other=0.0).to(tl.float32)
+        w = tl.load(nw_ptr + e, mask=emask, other=0.0).to(tl.float32)
+        tl.store(ptrs, (x * rstd_x[:, None] * w[None, :]).to(x_ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def _total_sumsq_x(T, n_split, t64, tmask, ws_sq, NSP: tl.constexpr):
+    """Every split's sum of x^2 for the rows t, added in the same order in every program."""
+    sp = tl.arange(0, NSP)
+    slot = sp[None, :].to(tl.int64) * T + t64[:, None]
+    part = tl.load(ws_sq + slot * 2 + 1, mask=tmask[:, None] & (sp < n_split)[None, :], other=0.0,
+                   cache_modifier=".cg")
+    return tl.sum(part, axis=1)
 
 
 @triton.jit
@@ -274,7 +370,7 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
                         ITERS: tl.constexpr, HC_EPS: tl.constexpr, RMS_EPS: tl.constexpr,
                         BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, NSP: tl.constexpr,
                         NORM_E: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr, ONCE: tl.constexpr,
-                        CLUSTER: tl.constexpr = 1):
+                        CLUSTER: tl.constexpr = 1, BARRIER: tl.constexpr = False):
     # TensorRT's AOT order: inputs, integer scalars, outputs. The workspace comes last: the
     # TensorRT build compiles SPLIT = 0, which never touches it. CLUSTER > 1 (TensorRT only, its
     # PTX declaring clusters of that many CTAs): the CTAs of a cluster split one token block's
@@ -317,12 +413,24 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
         tl.store(ws_sq + slot * 2, sumsq_r, mask=tmask)
         tl.store(ws_sq + slot * 2 + 1, sumsq_x, mask=tmask)
         tl.debug_barrier()  # every thread's partials and x are written before the counter moves
-        done = tl.atomic_add(counter + pid_t, 1)  # acq_rel at GPU scope
-        if done == n_split - 1:
-            tl.store(counter + pid_t, 0)  # cleared for the next launch
-            _merge_and_finish(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, x_ptr, nw_ptr, base_ptr,
-                              scale_ptr, pre_out, post_out, comb_out, C, E, M, MP, ITERS, HC_EPS, RMS_EPS,
-                              BLOCK_T, NSP, NORM_E)
+        if BARRIER:
+            # every split of the block waits for the others (a cooperative launch: all programs are
+            # resident), then normalises its own chunks; the last to arrive also writes the
+            # coefficients. Without it, the last program normalised the whole block's x alone.
+            last = arrive_and_wait(counter + pid_t, counter + tl.num_programs(0) + pid_t, n_split)
+            if last:
+                _finish_block(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, base_ptr, scale_ptr, pre_out,
+                              post_out, comb_out, C, E, M, MP, ITERS, HC_EPS, RMS_EPS, BLOCK_T, NSP)
+            _normalise_chunks(_total_sumsq_x(T, n_split, t64, tmask, ws_sq, NSP), t64, tmask, x_ptr, nw_ptr,
+                              c_lo, c_hi, E, RMS_EPS, BLOCK_E)
+        else:
+            done = tl.atomic_add(counter + pid_t, 1)  # acq_rel at GPU scope
+            if done == n_split - 1:
+                tl.store(counter + pid_t, 0)  # cleared for the next launch
+                sumsq_x = _finish_block(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, base_ptr, scale_ptr,
+                                        pre_out, post_out, comb_out, C, E, M, MP, ITERS, HC_EPS, RMS_EPS,
+                                        BLOCK_T, NSP)
+                _normalise_rows(sumsq_x, t64, tmask, x_ptr, nw_ptr, E, RMS_EPS, NORM_E)
     elif CLUSTER > 1:
         _cluster_finish(acc, sumsq_r, sumsq_x, tl.program_id(0) % CLUSTER, c_lo, c_hi, t64, tmask, pre,
                         new_ptr, x_ptr, nw_ptr, base_ptr, scale_ptr, pre_out, post_out, comb_out, C, E, M, MP,
@@ -356,15 +464,31 @@ class MhcBoundaryLauncher(LauncherBase):
     """Holds the self-clearing workspace of the split (few-token) path, so each call is exactly
     one kernel launch. One instance per device/stream; calls on it must not overlap."""
 
+    def __init__(self, sm_count: int | None = None, overrides: dict | None = None):
+        super().__init__(sm_count, overrides)
+        self._fits: dict = {}
+
     def _workspace(self, device, slots: int, mp: int, blocks: int):
+        """(partials [slots, MP], sums of squares [slots, 2], counters [2, blocks]): per token block
+        an arrival count (back at 0 after every launch) and, for the barrier, a generation."""
         key = (device, mp)
         ws = self._ws.get(key)
-        if ws is None or ws[0].shape[0] < slots or ws[2].numel() < blocks:
+        if ws is None or ws[0].shape[0] < slots or ws[2].shape[1] != blocks:
             ws = (torch.empty(slots, mp, dtype=torch.float32, device=device),
                   torch.empty(slots, 2, dtype=torch.float32, device=device),
-                  torch.zeros(blocks, dtype=torch.int32, device=device))
+                  torch.zeros(2, blocks, dtype=torch.int32, device=device))
             self._ws[key] = ws
         return ws
+
+    def _barrier_fits(self, args: list, grid: tuple, consts: dict) -> bool:
+        """Whether the barrier form of this launch fits a cooperative launch: every program resident
+        at once (plugins/coresident.py). Compiled once per configuration and remembered."""
+        key = (grid, tuple(consts.values()))  # consts are built in one order
+        if key not in self._fits:
+            compiled = mhc_boundary_kernel.warmup(*args, grid=grid, BARRIER=True, launch_cooperative_grid=True,
+                                                  **consts)
+            self._fits[key] = grid[0] * grid[1] <= resident_programs(compiled, args[0].device)
+        return self._fits[key]
 
     def __call__(self, streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next, base_next,
                  scale_next, norm_weight, iters: int, hc_eps: float, rms_eps: float,
@@ -383,6 +507,12 @@ class MhcBoundaryLauncher(LauncherBase):
             return new, x, pre, post, comb
         cfg = launch_config(tokens, c, e, streams_BSCE.dtype)
         cfg = cfg | self._overrides
+        # the barrier form of the split path: programs wait for each other (never in the
+        # interpreter, which runs them one after another). For blocks of 16 rows or more, whose
+        # x the last program normalised alone: H200 (session 13) 16 tokens 24.3 -> 19.8 us, 64
+        # tokens 20.3 -> 16.9, 300 tokens 44.9 -> 33.1. Blocks of 1 or 4 rows have a small tail,
+        # and the wait cost more than it saved (1 token 8.5 -> 8.9 us, 4 tokens 17.4 -> 18.1)
+        barrier = cfg.pop("BARRIER", cfg["BLOCK_T"] >= 16) and not interpreting()
         if interpreting():  # the identity of _computed_once is inline PTX
             cfg["ONCE"] = False
         block_e, block_t = cfg["BLOCK_E"], cfg["BLOCK_T"]
@@ -393,10 +523,14 @@ class MhcBoundaryLauncher(LauncherBase):
                                                  t_blocks if split else 1)
         f = [t.contiguous() for t in (streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next,
                                       base_next, scale_next, norm_weight)]
-        mhc_boundary_kernel[(t_blocks, n_split)](
-            *f, tokens, per, n_split, new, x, pre, post, comb, ws_acc, ws_sq, counter, C=c, E=e, M=n_mix,
-            ITERS=int(iters), HC_EPS=float(hc_eps), RMS_EPS=float(rms_eps), NSP=next_pow2(n_split),
-            SPLIT=split, **cfg)
+        args = [*f, tokens, per, n_split, new, x, pre, post, comb, ws_acc, ws_sq, counter]
+        consts = dict(C=c, E=e, M=n_mix, ITERS=int(iters), HC_EPS=float(hc_eps), RMS_EPS=float(rms_eps),
+                      NSP=next_pow2(n_split), SPLIT=split, **cfg)
+        grid = (t_blocks, n_split)
+        if split and barrier and self._barrier_fits(args, grid, consts):
+            mhc_boundary_kernel[grid](*args, BARRIER=True, launch_cooperative_grid=True, **consts)
+        else:
+            mhc_boundary_kernel[grid](*args, **consts)
         return new, x, pre, post, comb
 
 
