@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dsflash.plugins.launch import cdiv
+
 REGISTER_UNIT = 256  # registers are allocated per warp in units of 256 (sm_90, CUDA occupancy calculator)
 SM90_REGISTERS = 65536  # per SM, where torch's device properties do not say
 RESERVED_SHARED = 1024  # shared memory the system reserves per block (sm_80 and later)
@@ -54,7 +56,7 @@ def programs_per_gpu(compiled, props) -> int:
     CUDA occupancy calculator's rules), times the SMs. `compiled`: n_regs and metadata.num_warps
     and .shared; `props`: torch's CUDA device properties."""
     warps = compiled.metadata.num_warps
-    regs_per_warp = triton.cdiv(max(compiled.n_regs, 1) * 32, REGISTER_UNIT) * REGISTER_UNIT
+    regs_per_warp = cdiv(max(compiled.n_regs, 1) * 32, REGISTER_UNIT) * REGISTER_UNIT
     by_regs = getattr(props, "regs_per_multiprocessor", SM90_REGISTERS) // regs_per_warp // warps
     by_threads = props.max_threads_per_multi_processor // (32 * warps)
     by_shared = props.shared_memory_per_multiprocessor // (compiled.metadata.shared + RESERVED_SHARED)

@@ -21,24 +21,41 @@ def require(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
+# The checks below run on every launch (eager prefill runs hundreds per step), so each builds its
+# message only when it fails: formatting them all cost MhcBoundary's launcher about a third of its
+# host time (cProfile, session 13).
+
+
 def check_device(op: str, **tensors: torch.Tensor) -> None:
     """All tensors on one CUDA device; CPU only under the interpreter. A pinned host tensor may
     stand in for a device one where the op says so (read through unified addressing)."""
     want = "cpu" if interpreting() else "cuda"
     for name, t in tensors.items():
-        require(t.device.type == want,
-                f"{op}: {name} is on {t.device}, the kernel needs {want} tensors"
-                + (" (set TRITON_INTERPRET=1 to run kernels on the CPU)" if want == "cuda" else ""))
+        if t.device.type != want:
+            hint = " (set TRITON_INTERPRET=1 to run kernels on the CPU)" if want == "cuda" else ""
+            raise ValueError(f"{op}: {name} is on {t.device}, the kernel needs {want} tensors{hint}")
 
 
 def check_shape(op: str, name: str, t: torch.Tensor, shape: tuple) -> None:
     """`shape` entries of None match anything."""
-    ok = t.dim() == len(shape) and all(w is None or w == g for g, w in zip(t.shape, shape))
-    require(ok, f"{op}: {name} has shape {tuple(t.shape)}, expected {shape} (None = any)")
+    got = t.shape
+    ok = len(got) == len(shape)
+    for g, w in zip(got, shape):  # a plain loop: any() over a generator took twice as long
+        if w is not None and w != g:
+            ok = False
+    if not ok:
+        raise ValueError(f"{op}: {name} has shape {tuple(got)}, expected {shape} (None = any)")
 
 
 def check_dtype(op: str, name: str, t: torch.Tensor, allowed: tuple) -> None:
-    require(t.dtype in allowed, f"{op}: {name} has dtype {t.dtype}, allowed: {allowed}")
+    if t.dtype not in allowed:
+        raise ValueError(f"{op}: {name} has dtype {t.dtype}, allowed: {allowed}")
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for host-side grid sizes (triton.cdiv is a constexpr function: a few us per
+    call from Python)."""
+    return -(-a // b)
 
 
 def next_pow2(n: int, floor: int = 1) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from tolerances import OP_FP32, assert_close, kernel_bound
 
 

@@ -22,6 +22,7 @@ import triton.language as tl
 
 from dsflash.plugins.launch import (
     FLOATS,
+    cdiv,
     check_device,
     check_dtype,
     check_shape,
@@ -228,7 +229,7 @@ def _launch(kernel, q_BSIJ, w_BSI, keys: tuple, n: int, visible_BSN, overrides: 
     if kernel is csa2_index_score_kernel:
         cfg |= pipelined_config(b * s, n, j, q.dtype, q.device)
     cfg |= over
-    grid = (b * s, triton.cdiv(n, cfg["BLOCK_N"] * cfg.get("BLOCKS", 1)))
+    grid = (b * s, cdiv(n, cfg["BLOCK_N"] * cfg.get("BLOCKS", 1)))
     kernel[grid](q, w, *(k.contiguous() for k in keys), vis, s, n, out, I=i, J=j, **cfg, **pdl)
     return out
 
@@ -293,7 +294,7 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     # 16.6, 8 blocks 16.2, 128 x 2 x 8 warps 14.0)
     pdl = pdl_launch_args(q.device, {"PDL": over.pop("PDL", True)})
     cfg = {"BLOCK_N": 64, "BLOCKS": 4, "num_warps": 4} | over
-    grid = (b * q.shape[1], triton.cdiv(triton.cdiv(n, cfg["BLOCK_N"]), cfg["BLOCKS"]))
+    grid = (b * q.shape[1], cdiv(cdiv(n, cfg["BLOCK_N"]), cfg["BLOCKS"]))
     csa2_index_score_fp4_mma_kernel[grid](q, w, codes_BNH.contiguous(), exps_BNG.contiguous(), vis, q.shape[1],
                                           n, out, I=heads, J=j, JP=next_pow2(j), ASM=not interpreting(), **cfg,
                                           **pdl)
@@ -312,7 +313,7 @@ def pipelined_config(rows: int, n: int, dim: int, dtype: torch.dtype, device: to
         return {}
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     cfg = pipelined_launch()
-    if 2 * rows * triton.cdiv(n, cfg["BLOCKS"] * cfg["BLOCK_N"]) < 3 * sms:
+    if 2 * rows * cdiv(n, cfg["BLOCKS"] * cfg["BLOCK_N"]) < 3 * sms:
         return {}
     return cfg
 

@@ -22,6 +22,7 @@ from dsflash.plugins.csa2_sparse_attention import splits
 from dsflash.plugins.launch import (
     FLOATS,
     LauncherBase,
+    cdiv,
     check_device,
     check_dtype,
     check_shape,
@@ -185,7 +186,7 @@ class SparseAttentionLauncher(LauncherBase):
         if out.numel() == 0:
             return out
         cfg, pdl = self._config(q_BSHD)
-        target = triton.cdiv(2 * self._sms(q_BSHD.device), triton.cdiv(h, cfg["BLOCK_H"]))
+        target = cdiv(2 * self._sms(q_BSHD.device), cdiv(h, cfg["BLOCK_H"]))
         per, n_split = splits.split_plan(b * s, idx_BSK.shape[2], win_kv_BTD.shape[1], d, cfg["BLOCK_K"],
                                          target, n_split)
         if n_split == 1:
@@ -210,7 +211,7 @@ def _launch_attention(q, kv, idx, win, wmask, sink, scale, cfg, pdl, per, n_spli
     stages = cfg.pop("num_stages", 1 if split and per == 1 else 3)
     out, acc, ml = outs
     some = next(x for x in outs if x is not None)
-    csa2_sparse_attention_kernel[(b * s, triton.cdiv(h, cfg["BLOCK_H"]), n_split)](
+    csa2_sparse_attention_kernel[(b * s, cdiv(h, cfg["BLOCK_H"]), n_split)](
         q.contiguous(), kv.contiguous(), idx.contiguous(), win.contiguous(),
         wmask.contiguous().view(torch.uint8), sink.contiguous(), s, kv.shape[1], t, idx.shape[2], per,
         some if out is None else out, some if acc is None else acc, some if ml is None else ml,

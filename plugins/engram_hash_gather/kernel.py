@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsflash.plugins.launch import check_device, check_dtype, check_shape, next_pow2, require
+from dsflash.plugins.launch import cdiv, check_device, check_dtype, check_shape, next_pow2, require
 
 
 @triton.jit
@@ -115,7 +115,7 @@ def _launch(cids_BT, table_ND, scales_N, out_dtype, multipliers, primes, offsets
     if out.numel() == 0:
         return out
     cfg = launch_config(look, heads, d)
-    grid = (b * n_new, triton.cdiv(look * heads, cfg["BLOCK_J"]))
+    grid = (b * n_new, cdiv(look * heads, cfg["BLOCK_J"]))
     consts = dict(LOOK=look, HEADS=heads, D=d, MULT=tuple(int(m) for m in multipliers),
                   PRIMES=tuple(int(p) for p in primes), OFFSETS=tuple(int(o) for o in offsets),
                   PAD_ID=int(pad_id), **cfg)

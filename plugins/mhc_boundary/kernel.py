@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 
 from dsflash.plugins.coresident import arrive_and_wait, resident_programs
-from dsflash.plugins.launch import (LauncherBase, check_device, check_dtype, check_shape, interpreting, next_pow2,
-                                    require)
+from dsflash.plugins.launch import (LauncherBase, cdiv, check_device, check_dtype, check_shape, interpreting,
+                                    next_pow2, require)
 
 
 @triton.jit
@@ -65,7 +65,8 @@ def _next_coefficients(acc, sumsq_r, t, tmask, base, s_pre, s_post, s_comb, pre_
         # 17.6 against 18.3 us in a first run)
         logits = ()
         for jk in tl.static_range(C * C):
-            logits = logits + (tl.load(comb_out + t * (C * C) + jk, mask=tmask, other=0.0, cache_modifier=".cg"),)
+            raw = tl.load(comb_out + t * (C * C) + jk, mask=tmask, other=0.0, cache_modifier=".cg")
+            logits = logits + (raw,)
         comb = _sinkhorn(logits, C, ITERS, HC_EPS)
         tl.debug_barrier()  # every thread has read the raw values before any is overwritten
         for jk in tl.static_range(C * C):
@@ -485,8 +486,8 @@ class MhcBoundaryLauncher(LauncherBase):
         at once (plugins/coresident.py). Compiled once per configuration and remembered."""
         key = (grid, tuple(consts.values()))  # consts are built in one order
         if key not in self._fits:
-            compiled = mhc_boundary_kernel.warmup(*args, grid=grid, BARRIER=True, launch_cooperative_grid=True,
-                                                  **consts)
+            compiled = mhc_boundary_kernel.warmup(*args, grid=grid, BARRIER=True,
+                                                  launch_cooperative_grid=True, **consts)
             self._fits[key] = grid[0] * grid[1] <= resident_programs(compiled, args[0].device)
         return self._fits[key]
 
@@ -516,8 +517,8 @@ class MhcBoundaryLauncher(LauncherBase):
         if interpreting():  # the identity of _computed_once is inline PTX
             cfg["ONCE"] = False
         block_e, block_t = cfg["BLOCK_E"], cfg["BLOCK_T"]
-        t_blocks = triton.cdiv(tokens, block_t)
-        per, n_split = channel_splits(tokens, t_blocks, triton.cdiv(e, block_e), self._sms(dev), n_split)
+        t_blocks = cdiv(tokens, block_t)
+        per, n_split = channel_splits(tokens, t_blocks, cdiv(e, block_e), self._sms(dev), n_split)
         split = n_split > 1
         ws_acc, ws_sq, counter = self._workspace(dev, n_split * tokens if split else 1, cfg["MP"],
                                                  t_blocks if split else 1)
@@ -541,10 +542,10 @@ def channel_splits(tokens: int, t_blocks: int, chunks: int, sms: int, n_split: i
     partial wave: rounded down (8,192 tokens: whole rows). At most 256 splits (the merge reads
     every split's partials in one [NSP, MP] load), and no empty split."""
     if n_split is None:
-        want = triton.cdiv(2 * sms, t_blocks) if tokens <= 64 else sms // t_blocks
+        want = cdiv(2 * sms, t_blocks) if tokens <= 64 else sms // t_blocks
         n_split = max(1, min(chunks, want))
-    per = triton.cdiv(chunks, min(n_split, 256))
-    return per, triton.cdiv(chunks, per)
+    per = cdiv(chunks, min(n_split, 256))
+    return per, cdiv(chunks, per)
 
 
 def launch_config(tokens: int, hc: int, hidden: int, dtype: torch.dtype) -> dict:

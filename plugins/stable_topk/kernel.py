@@ -50,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsflash.plugins.launch import LauncherBase, check_device, check_dtype, next_pow2, require
+from dsflash.plugins.launch import LauncherBase, cdiv, check_device, check_dtype, next_pow2, require
 from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
@@ -245,8 +245,8 @@ class StableTopkLauncher(LauncherBase):
         # 512-entry chunks (H200 at 128K: 14.3 us, 1K 15.4 in session 9; 23.7 / 25.4 / 28.8 us for
         # 512 / 1K / 2K before the rank pass); they grow for very long rows, so a row has at most
         # MAX_PROGRAMS
-        chunk = max(self._overrides.get("CHUNK", 512), next_pow2(triton.cdiv(n, self.MAX_PROGRAMS)))
-        n_prog = triton.cdiv(n, chunk)
+        chunk = max(self._overrides.get("CHUNK", 512), next_pow2(cdiv(n, self.MAX_PROGRAMS)))
+        n_prog = cdiv(n, chunk)
         flat = scores.contiguous().view(rows, n)
         vals = torch.empty(rows, k_out, dtype=torch.float32, device=scores.device)
         idx = torch.empty(rows, k_out, dtype=torch.int64, device=scores.device)
@@ -266,7 +266,7 @@ class StableTopkLauncher(LauncherBase):
         rank_block = min(self._overrides.get("RANK_BLOCK", 4), kp)
         cmp_block = min(self._overrides.get("CMP_BLOCK", 256), ws["sel"].shape[1])
         common.pop("CHUNK")
-        radix_rank_kernel[(rows, triton.cdiv(k_out, rank_block))](
+        radix_rank_kernel[(rows, cdiv(k_out, rank_block))](
             flat, n, k_out, hist, counter, ws["sel"], vals, idx, KP=ws["sel"].shape[1],
             RANK_BLOCK=rank_block, CMP_BLOCK=cmp_block, **common)
         return vals.view(*lead, k_out), idx.view(*lead, k_out)
