@@ -66,13 +66,28 @@ FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class LauncherBase:
-    """What the launchers with a self-clearing workspace share: the GPU's multiprocessor count
-    (to size split grids) and launch-parameter overrides (benchmark sweeps)."""
+    """What the launchers with a self-clearing workspace share: the workspaces, the GPU's
+    multiprocessor count (to size split grids) and launch-parameter overrides (benchmark sweeps)."""
 
     def __init__(self, sm_count: int | None = None, overrides: dict | None = None):
         self._ws: dict = {}
+        self._retired: list = []
         self._sm_count = sm_count
         self._overrides = dict(overrides or {})
+
+    def _reuse_or_make(self, key, fits, make):
+        """The workspace under `key` if `fits(ws)`, else a new one from `make()`. A replaced
+        workspace is kept, never freed: a CUDA graph captured with it (the runtime's decode step)
+        reads and writes those addresses on every replay, and freed memory would go to other
+        tensors, e.g. when an eager prefill grows the workspace after a decode step was captured.
+        Callers size workspaces in powers of two, so few are ever replaced."""
+        ws = self._ws.get(key)
+        if ws is None or not fits(ws):
+            if ws is not None:
+                self._retired.append(ws)
+            ws = make()
+            self._ws[key] = ws
+        return ws
 
     def _sms(self, device: torch.device) -> int:
         if self._sm_count is None:

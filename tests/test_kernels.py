@@ -292,7 +292,28 @@ def test_mhc_boundary_kernel(gen, dtype, b, s, c, e, n_split):
         got = launcher(*_dev(*args), **attrs, n_split=n_split)
         assert_kernel_matches(got, mhc_ref.mhc_boundary, args, attrs, dtype, f"MhcBoundary split={n_split}")
         # every token block's arrival count is back at zero for the next launch
-        assert all(torch.count_nonzero(counter[0]) == 0 for _, _, counter in launcher._ws.values())
+        assert all(torch.count_nonzero(counter[:, 0]) == 0 for _, _, counter in launcher._ws.values())
+
+
+def test_launchers_keep_a_replaced_workspace(gen):
+    """A larger call replaces a launcher's workspace and keeps the old one allocated (a captured
+    CUDA graph may still use it); both calls are right, and the old counters are back at zero."""
+    from dsflash.plugins.launch import LauncherBase
+
+    base = LauncherBase()
+    small = base._reuse_or_make("k", lambda ws: ws.numel() >= 10, lambda: torch.zeros(16))
+    assert base._reuse_or_make("k", lambda ws: ws.numel() >= 12, lambda: torch.zeros(99)) is small
+    assert base._reuse_or_make("k", lambda ws: ws.numel() >= 20, lambda: torch.zeros(32)) is not small
+    assert base._retired == [small]
+    launcher = mhc_kernel.MhcBoundaryLauncher()
+    attrs = dict(iters=20, hc_eps=1e-6, rms_eps=1e-6)
+    for s in (1, 37):  # 1 token: splits of one row; 37 tokens: more slots and token blocks
+        args = mhc_args(gen, 1, s, 4, 200, torch.float32)
+        got = launcher(*_dev(*args), **attrs, n_split=3)
+        assert_kernel_matches(got, mhc_ref.mhc_boundary, args, attrs, torch.float32, f"mhc {s} tokens")
+    (old,) = launcher._retired
+    assert old[0].shape[0] < next(iter(launcher._ws.values()))[0].shape[0]
+    assert torch.count_nonzero(old[2][:, 0]) == 0
 
 
 @pytest.mark.parametrize("tokens, block_t, want", [

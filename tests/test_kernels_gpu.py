@@ -181,6 +181,39 @@ def test_workspace_kernels_under_graph_replay(gen):
         assert torch.equal(i_out.cpu(), want_i) and torch.equal(v_out.cpu(), want_v)
 
 
+def test_captured_decode_survives_a_larger_eager_call(gen):
+    """The runtime captures the decode step once and keeps running prefill eagerly on the same
+    launchers. An eager call that needs a larger workspace must not free the one a captured graph
+    holds: capture MhcBoundary (1 token) and the split attention (1 row), grow both workspaces
+    with eager calls, fill new allocations with NaN (they would take any freed block), then replay
+    on fresh inputs."""
+    attrs = dict(iters=20, hc_eps=1e-6, rms_eps=1e-6)
+    mhc, attn = mhc_kernel.MhcBoundaryLauncher(), attn_kernel.SparseAttentionLauncher()
+    m_in, a_in = cuda(*mhc_inputs(gen, 1)), cuda(*decode_attention_inputs(gen))
+    mhc(*m_in, **attrs), attn(*a_in)  # compile, allocate the workspaces
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        m_out = mhc(*m_in, **attrs)
+        a_out = attn(*a_in)
+    mhc(*cuda(*mhc_inputs(gen, 64)), **attrs)  # 54 splits x 64 rows, 4 token blocks
+    attn(*cuda(*attention_inputs(gen, 5)))  # 5 rows of splits
+    torch.cuda.synchronize()
+    assert mhc._retired and attn._retired  # both grew
+    junk = [torch.full((n,), float("nan"), device="cuda") for n in (2, 512, 8192, 1 << 20) for _ in range(16)]
+    for _ in range(3):
+        m_fresh, a_fresh = mhc_inputs(gen, 1), decode_attention_inputs(gen)
+        for dst, src in zip([*m_in, *a_in[:6]], [*m_fresh, *a_fresh[:6]]):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_kernel_matches(tuple(o.clone() for o in m_out), mhc_ref.mhc_boundary, m_fresh, attrs, BF16,
+                              "mhc replay after growth")
+        assert_kernel_matches(a_out.clone(), attn_ref.csa2_sparse_attention, a_fresh, {}, BF16,
+                              "attention replay after growth")
+    del junk
+
+
 def test_cuda_graph_decode_with_kernels_gives_reference_tokens(tiny_cfg, gen):
     """Greedy generation through the runtime: reference ops eagerly vs Triton kernels with the
     decode step replayed as a CUDA graph, ragged batch of two prompts."""

@@ -167,12 +167,12 @@ class SparseAttentionLauncher(LauncherBase):
     device/stream, calls on it must not overlap."""
 
     def _workspace(self, device, parts: int, dim: int):
-        ws = self._ws.get(device)
-        if ws is None or ws[1].numel() < 2 * parts:
-            ws = (torch.empty(parts * dim, dtype=torch.float32, device=device),
-                  torch.empty(parts * 2, dtype=torch.float32, device=device))
-            self._ws[device] = ws
-        return ws
+        """(acc [parts * dim], ml [parts * 2]) in fp32, at least that large."""
+        cap = next_pow2(parts)
+        return self._reuse_or_make(
+            (device, dim), lambda ws: ws[1].numel() >= 2 * parts,
+            lambda: (torch.empty(cap * dim, dtype=torch.float32, device=device),
+                     torch.empty(cap * 2, dtype=torch.float32, device=device)))
 
     def _config(self, q: torch.Tensor) -> tuple[dict, dict]:
         cfg = launch_config(q.shape[2], q.shape[3], q.dtype) | self._overrides

@@ -418,16 +418,16 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
             # every split of the block waits for the others (a cooperative launch: all programs are
             # resident), then normalises its own chunks; the last to arrive also writes the
             # coefficients. Without it, the last program normalised the whole block's x alone.
-            last = arrive_and_wait(counter + pid_t, counter + tl.num_programs(0) + pid_t, n_split)
+            last = arrive_and_wait(counter + 2 * pid_t, counter + 2 * pid_t + 1, n_split)
             if last:
                 _finish_block(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, base_ptr, scale_ptr, pre_out,
                               post_out, comb_out, C, E, M, MP, ITERS, HC_EPS, RMS_EPS, BLOCK_T, NSP)
             _normalise_chunks(_total_sumsq_x(T, n_split, t64, tmask, ws_sq, NSP), t64, tmask, x_ptr, nw_ptr,
                               c_lo, c_hi, E, RMS_EPS, BLOCK_E)
         else:
-            done = tl.atomic_add(counter + pid_t, 1)  # acq_rel at GPU scope
+            done = tl.atomic_add(counter + 2 * pid_t, 1)  # acq_rel at GPU scope
             if done == n_split - 1:
-                tl.store(counter + pid_t, 0)  # cleared for the next launch
+                tl.store(counter + 2 * pid_t, 0)  # cleared for the next launch
                 sumsq_x = _finish_block(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, base_ptr, scale_ptr,
                                         pre_out, post_out, comb_out, C, E, M, MP, ITERS, HC_EPS, RMS_EPS,
                                         BLOCK_T, NSP)
@@ -470,21 +470,20 @@ class MhcBoundaryLauncher(LauncherBase):
         self._fits: dict = {}
 
     def _workspace(self, device, slots: int, mp: int, blocks: int):
-        """(partials [slots, MP], sums of squares [slots, 2], counters [2, blocks]): per token block
-        an arrival count (back at 0 after every launch) and, for the barrier, a generation."""
-        key = (device, mp)
-        ws = self._ws.get(key)
-        if ws is None or ws[0].shape[0] < slots or ws[2].shape[1] != blocks:
-            ws = (torch.empty(slots, mp, dtype=torch.float32, device=device),
-                  torch.empty(slots, 2, dtype=torch.float32, device=device),
-                  torch.zeros(2, blocks, dtype=torch.int32, device=device))
-            self._ws[key] = ws
-        return ws
+        """(partials [slots, MP], sums of squares [slots, 2], counters [blocks, 2]), at least that
+        large: per token block an arrival count (back at 0 after every launch) and, for the
+        barrier, a generation (any value)."""
+        n_slots, n_blocks = next_pow2(slots), next_pow2(blocks)
+        return self._reuse_or_make(
+            (device, mp), lambda ws: ws[0].shape[0] >= slots and ws[2].shape[0] >= blocks,
+            lambda: (torch.empty(n_slots, mp, dtype=torch.float32, device=device),
+                     torch.empty(n_slots, 2, dtype=torch.float32, device=device),
+                     torch.zeros(n_blocks, 2, dtype=torch.int32, device=device)))
 
     def _barrier_fits(self, args: list, grid: tuple, consts: dict) -> bool:
         """Whether the barrier form of this launch fits a cooperative launch: every program resident
         at once (plugins/coresident.py). Compiled once per configuration and remembered."""
-        key = (grid, tuple(consts.values()))  # consts are built in one order
+        key = (grid, args[0].dtype, tuple(consts.values()))  # consts are built in one order
         if key not in self._fits:
             compiled = mhc_boundary_kernel.warmup(*args, grid=grid, BARRIER=True,
                                                   launch_cooperative_grid=True, **consts)

@@ -208,20 +208,20 @@ class StableTopkLauncher(LauncherBase):
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
 
     def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
-        key = (device, passes)
-        ws = self._ws.get(key)
-        if ws is None or ws["state"].shape[0] < rows or ws["prog_hist"].shape[1] < n_prog \
-                or ws["sel"].shape[1] < kp:
-            rows, n_prog, kp = (max(rows, 1), max(n_prog, 1), max(kp, 1))
+        def fits(ws):
+            return (ws["state"].shape[0] >= rows and ws["prog_hist"].shape[1] >= n_prog
+                    and ws["sel"].shape[1] >= kp)
+
+        def make():
+            r, n, k = (max(rows, 1), max(n_prog, 1), max(kp, 1))
             bins = 1 << max(bits for _, bits in passes)
-            ws = {"hist": torch.zeros(rows, len(passes), bins, dtype=torch.int32, device=device),
-                  "counter": torch.zeros(rows, dtype=torch.int32, device=device),
-                  "state": torch.empty(rows, len(passes), 2, dtype=torch.int64, device=device),
-                  "prog_hist": torch.empty(rows, n_prog, 1 << passes[-1][1], dtype=torch.int32,
-                                           device=device),
-                  "sel": torch.empty(rows, kp, dtype=torch.uint64, device=device)}
-            self._ws[key] = ws
-        return ws
+            return {"hist": torch.zeros(r, len(passes), bins, dtype=torch.int32, device=device),
+                    "counter": torch.zeros(r, dtype=torch.int32, device=device),
+                    "state": torch.empty(r, len(passes), 2, dtype=torch.int64, device=device),
+                    "prog_hist": torch.empty(r, n, 1 << passes[-1][1], dtype=torch.int32, device=device),
+                    "sel": torch.empty(r, k, dtype=torch.uint64, device=device)}
+
+        return self._reuse_or_make((device, passes), fits, make)
 
     def __call__(self, scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         op = "StableTopk"
