@@ -5,11 +5,11 @@ says which part; ncu says why).
 
     python3 scripts/attribute_mhc.py [--tokens 8192] [--out DIR]
 
-Each variant is kernel.py with source edits (every edit must apply, or the script stops), loaded
-as its own module. A variant that drops work computes a wrong result by construction: nothing is
-checked here except that the unchanged copy matches the installed kernel bit for bit. The copy
-bound is torch's device copy of the same bytes (streams -> new, y -> x): what the traffic alone
-costs at this access pattern.
+Each variant is kernel.py and finish.py with source edits (every edit must apply, or the script
+stops), loaded as modules of their own. A variant that drops work computes a wrong result by
+construction: nothing is checked here except that the unchanged copy matches the installed kernel
+bit for bit. The copy bound is torch's device copy of the same bytes (streams -> new, y -> x):
+what the traffic alone costs at this access pattern.
 """
 
 from __future__ import annotations
@@ -18,15 +18,17 @@ import argparse
 import importlib.util
 import json
 import logging
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
+from dsflash.plugins.mhc_boundary import finish as mhc_finish
 from dsflash.plugins.mhc_boundary import kernel as mhc_kernel
 
 _DOT = 'acc += tl.dot(nf, tl.trans(fn_k), input_precision="tf32")'
-_NORM = "_normalise_rows(sumsq_x, t64, tmask, x_ptr, nw_ptr, E, RMS_EPS, NORM_E)"
+_NORM = "normalise_rows(sumsq_x, t64, tmask, x_ptr, nw_ptr, E, RMS_EPS, NORM_E)"
 _NEW_STORE = "tl.store(new_ptr + (t64[:, None] * C + k) * E + e[None, :], new_k, mask=m2)"
 _STREAM_LOAD = "tl.load(streams_ptr + (t64[:, None] * C + j) * E + e[None, :], mask=m2, other=0.0)"
 _Y_LOAD = "tl.load(y_ptr + t64[:, None] * E + e[None, :], mask=m2, other=0.0)"
@@ -76,18 +78,35 @@ VARIANTS = {
 }
 
 
-def load_variant(name: str, edits: list, folder: Path):
-    src = Path(mhc_kernel.__file__).read_text()
-    for old, new, count in edits:
-        found = src.count(old)
-        if found != count:
-            raise SystemExit(f"variant {name!r}: {old!r} occurs {found} times in kernel.py, expected {count}")
-        src = src.replace(old, new)
-    path = folder / f"mhc_variant_{len(list(folder.iterdir()))}.py"
-    path.write_text(src)
+def _load(path: Path):
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # kernel.py's variant imports its finish.py variant by name
     spec.loader.exec_module(module)
+    return module
+
+
+def load_variant(name: str, edits: list, folder: Path):
+    """kernel.py and finish.py with the edits applied (each edit in whichever file holds it; the
+    counts are over both), loaded as modules of their own: the kernel variant imports the finish
+    variant. Returns the kernel module; `variant_sources` lists both files."""
+    sources = {"kernel.py": Path(mhc_kernel.__file__).read_text(),
+               "finish.py": Path(mhc_finish.__file__).read_text()}
+    for old, new, count in edits:
+        found = sum(src.count(old) for src in sources.values())
+        if found != count:
+            raise SystemExit(f"variant {name!r}: {old!r} occurs {found} times in kernel.py and finish.py, "
+                             f"expected {count}")
+        sources = {f: src.replace(old, new) for f, src in sources.items()}
+    n = len(list(folder.iterdir())) // 2
+    finish_path, kernel_path = folder / f"mhc_finish_variant_{n}.py", folder / f"mhc_variant_{n}.py"
+    finish_path.write_text(sources["finish.py"])
+    kernel_src = sources["kernel.py"].replace("from dsflash.plugins.mhc_boundary.finish import",
+                                              f"from {finish_path.stem} import")
+    kernel_path.write_text(kernel_src)
+    _load(finish_path)
+    module = _load(kernel_path)
+    module.variant_sources = [kernel_path, finish_path]
     return module
 
 

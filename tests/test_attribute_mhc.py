@@ -1,6 +1,7 @@
-"""scripts/attribute_mhc.py edits kernel.py's source to build its variants: every edit must still
-apply to the current kernel (else the GPU run stops at that variant), and an edited copy must
-load as a module of its own with the kernel and launcher in it. CPU only; nothing is launched."""
+"""scripts/attribute_mhc.py edits the sources of kernel.py and finish.py to build its variants:
+every edit must still apply to the current kernel (else the GPU run stops at that variant), and
+an edited copy must load as a module of its own with the kernel and launcher in it. CPU only;
+nothing is launched."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_every_variant_applies_to_the_current_kernel(tmp_path):
     for name, (edits, overrides, n_split) in script.VARIANTS.items():
         module = script.load_variant(name, edits, tmp_path)
         assert hasattr(module, "mhc_boundary_kernel") and hasattr(module, "MhcBoundaryLauncher"), name
-        source = Path(module.__file__).read_text()
+        source = "".join(path.read_text() for path in module.variant_sources)
         for _old, new, _count in edits:
             assert new in source, name
         assert n_split is None or n_split >= 1

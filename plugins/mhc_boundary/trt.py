@@ -7,7 +7,7 @@ program per token block, no cross-program sums); the split path that spreads a d
 channels over the GPU needs the JIT launcher's self-clearing workspace. Three tactics, timed by
 TensorRT per optimization profile (tactic_setting): blocks of 64 token rows (prefill), blocks of
 16, and blocks of 16 whose channels a cluster of 8 CTAs splits, exchanging their sums through the
-outputs between cluster barriers (kernel.py: _cluster_finish; decode).
+outputs between cluster barriers (finish.py: cluster_finish; decode).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def tactic_setting(tactic: int) -> tuple[int, dict]:
 
 def cluster_fits(hc: int, hidden: int, dtype: torch.dtype, block_e: int, ctas: int) -> bool:
     """Whether every CTA of a cluster gets channels, and room in its x columns for its M + 2 fp32
-    partial sums (_cluster_finish)."""
+    partial sums (finish.cluster_finish)."""
     chunks = -(-hidden // block_e)
     per = -(-chunks // ctas)
     return (ctas - 1) * per < chunks and per * block_e * dtype.itemsize >= ((2 + hc) * hc + 2) * 4
