@@ -432,3 +432,41 @@ def test_resident_programs_follow_the_occupancy_rules(regs, warps, shared, want)
                            max_blocks_per_multi_processor=32)
     compiled = SimpleNamespace(n_regs=regs, metadata=SimpleNamespace(num_warps=warps, shared=shared))
     assert programs_per_gpu(compiled, h200) == want
+
+
+def test_mhc_falls_back_when_the_cooperative_launch_is_refused(gen, monkeypatch):
+    """Where the driver refuses the barrier's cooperative launch (fewer SMs than the device reports,
+    e.g. an MPS client limited to a share of the GPU), the launcher runs the counter path instead
+    and remembers that for the configuration; other launch errors still raise. The kernel is a
+    stand-in that records its launches (the interpreter never takes the barrier path)."""
+    launches = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                coop = kwargs.get("launch_cooperative_grid", False)
+                launches.append(coop)
+                if coop:
+                    raise RuntimeError("Triton Error [CUDA]: too many blocks in cooperative launch")
+            return launch
+
+    monkeypatch.setattr(mhc_kernel, "mhc_boundary_kernel", Kernel())
+    monkeypatch.setattr(mhc_kernel, "interpreting", lambda: False)  # the launcher's barrier decision
+    launcher = mhc_kernel.MhcBoundaryLauncher()
+    monkeypatch.setattr(launcher, "_barrier_fits", lambda key, *rest: launcher._fits.setdefault(key, True))
+    args = _dev(*mhc_args(gen, 1, 20, 4, 200, torch.float32))  # 20 tokens: blocks of 16 rows
+    for _ in range(2):
+        launcher(*args, 20, 1e-6, 1e-6, n_split=3)
+    assert launches == [True, False, False]  # refused once, then the counter path straight away
+    assert list(launcher._fits.values()) == [False]
+
+    class Broken(Kernel):
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered")
+            return launch
+
+    monkeypatch.setattr(mhc_kernel, "mhc_boundary_kernel", Broken())
+    launcher._fits.clear()
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        launcher(*args, 20, 1e-6, 1e-6, n_split=3)

@@ -19,6 +19,8 @@ launch) and normalise their own chunks. The finishing steps are in finish.py.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import triton
 import triton.language as tl
@@ -221,10 +223,9 @@ class MhcBoundaryLauncher(LauncherBase):
                      torch.empty(n_slots, 2, dtype=torch.float32, device=device),
                      torch.zeros(n_blocks, 2, dtype=torch.int32, device=device)))
 
-    def _barrier_fits(self, args: list, grid: tuple, consts: dict) -> bool:
+    def _barrier_fits(self, key: tuple, args: list, grid: tuple, consts: dict) -> bool:
         """Whether the barrier form of this launch fits a cooperative launch: every program resident
-        at once (plugins/coresident.py). Compiled once per configuration and remembered."""
-        key = (grid, args[0].dtype, tuple(consts.values()))  # consts are built in one order
+        at once (plugins/coresident.py). Compiled once per configuration (`key`) and remembered."""
         if key not in self._fits:
             compiled = mhc_boundary_kernel.warmup(*args, grid=grid, BARRIER=True,
                                                   launch_cooperative_grid=True, **consts)
@@ -268,10 +269,22 @@ class MhcBoundaryLauncher(LauncherBase):
         consts = dict(C=c, E=e, M=n_mix, ITERS=int(iters), HC_EPS=float(hc_eps), RMS_EPS=float(rms_eps),
                       NSP=next_pow2(n_split), SPLIT=split, **cfg)
         grid = (t_blocks, n_split)
-        if split and barrier and self._barrier_fits(args, grid, consts):
-            mhc_boundary_kernel[grid](*args, BARRIER=True, launch_cooperative_grid=True, **consts)
-        else:
-            mhc_boundary_kernel[grid](*args, **consts)
+        key = (grid, args[0].dtype, tuple(consts.values()))  # consts are built in one order
+        if split and barrier and self._barrier_fits(key, args, grid, consts):
+            try:
+                mhc_boundary_kernel[grid](*args, BARRIER=True, launch_cooperative_grid=True, **consts)
+                return new, x, pre, post, comb
+            except RuntimeError as err:
+                # the driver refused the grid: fewer SMs than the device reports (an MPS client
+                # limited to a share of the GPU, a green context). Nothing ran; from now on this
+                # configuration takes the counter path, which needs no co-resident programs.
+                if "cooperative" not in str(err).lower():
+                    raise
+                self._fits[key] = False
+                logging.getLogger(__name__).warning(
+                    "MhcBoundary: cooperative launch of %s programs refused (%s); using the counter path",
+                    grid[0] * grid[1], err)
+        mhc_boundary_kernel[grid](*args, **consts)
         return new, x, pre, post, comb
 
 
