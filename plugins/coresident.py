@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsflash.plugins.launch import cdiv
+from dsflash.plugins.aot import cdiv_expr as cdiv
 
 REGISTER_UNIT = 256  # registers are allocated per warp in units of 256 (sm_90, CUDA occupancy calculator)
 SM90_REGISTERS = 65536  # per SM, where torch's device properties do not say

@@ -52,12 +52,6 @@ def check_dtype(op: str, name: str, t: torch.Tensor, allowed: tuple) -> None:
         raise ValueError(f"{op}: {name} has dtype {t.dtype}, allowed: {allowed}")
 
 
-def cdiv(a: int, b: int) -> int:
-    """ceil(a / b) for host-side grid sizes (triton.cdiv is a constexpr function: a few us per
-    call from Python)."""
-    return -(-a // b)
-
-
 def next_pow2(n: int, floor: int = 1) -> int:
     return max(floor, 1 << max(0, int(n) - 1).bit_length())
 

@@ -20,9 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
+from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.launch import (
     FLOATS,
-    cdiv,
     check_device,
     check_dtype,
     check_shape,

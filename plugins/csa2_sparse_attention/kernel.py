@@ -18,11 +18,11 @@ import torch
 import triton
 import triton.language as tl
 
+from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.csa2_sparse_attention import splits
 from dsflash.plugins.launch import (
     FLOATS,
     LauncherBase,
-    cdiv,
     check_device,
     check_dtype,
     check_shape,

@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dsflash.plugins.launch import cdiv, check_device, check_dtype, check_shape, next_pow2, require
+from dsflash.plugins.aot import cdiv_expr as cdiv
+from dsflash.plugins.launch import check_device, check_dtype, check_shape, next_pow2, require
 
 
 @triton.jit

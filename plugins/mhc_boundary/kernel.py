@@ -25,8 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
+from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.coresident import arrive_and_wait, resident_programs
-from dsflash.plugins.launch import (LauncherBase, cdiv, check_device, check_dtype, check_shape, interpreting,
+from dsflash.plugins.launch import (LauncherBase, check_device, check_dtype, check_shape, interpreting,
                                     next_pow2, require)
 from dsflash.plugins.mhc_boundary.finish import (cluster_finish, finish_block, load_site, next_coefficients,
                                                  normalise_chunks, normalise_rows, total_sumsq_x)

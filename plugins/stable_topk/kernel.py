@@ -50,7 +50,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dsflash.plugins.launch import LauncherBase, cdiv, check_device, check_dtype, next_pow2, require
+from dsflash.plugins.aot import cdiv_expr as cdiv
+from dsflash.plugins.launch import LauncherBase, check_device, check_dtype, next_pow2, require
 from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
