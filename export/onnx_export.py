@@ -67,11 +67,12 @@ def _export_program(model: DSFlashModel, graph: str, flavor: str):
     example = tuple(t.to(model.embed.weight.device) for t in example)
     dynamic = tuple({axis: torch.export.Dim.AUTO for axis in t.dynamic_axes()}
                     for t in graph_inputs(cfg, graph))
-    previous = model.ops.backend, model.ops.split_attention
+    previous = model.ops.backend, model.ops.split_attention, model.ops.split_mhc
     model.ops.backend = "custom_op" if flavor == "plugin" else "reference"
-    # decoder_step runs decode steps (one row per sequence): its attention nodes take the split
-    # form, whose key split a TensorRT plugin cannot do inside one node (plugins/registry.py)
-    model.ops.split_attention = flavor == "plugin" and graph == "decoder_step"
+    # decoder_step runs decode steps (one row per sequence): its attention and mHC nodes take the
+    # split forms, whose key / channel splits a TensorRT plugin cannot do inside one node
+    # (plugins/registry.py)
+    model.ops.split_attention = model.ops.split_mhc = flavor == "plugin" and graph == "decoder_step"
     try:
         with torch.no_grad():
             program = torch.onnx.export(
@@ -79,7 +80,7 @@ def _export_program(model: DSFlashModel, graph: str, flavor: str):
                 output_names=module.output_names, dynamic_shapes=(dynamic,), optimize=False,
                 custom_translation_table=translation_table(flavor), verbose=False)
     finally:
-        model.ops.backend, model.ops.split_attention = previous
+        model.ops.backend, model.ops.split_attention, model.ops.split_mhc = previous
     return program
 
 

@@ -24,7 +24,9 @@ def plugin_kernels(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, vocab_
     from dsflash.plugins.csa2_sparse_attention import trt as attn_trt
     from dsflash.plugins.csa2_sparse_attention import trt_split as attn_split_trt
     from dsflash.plugins.engram_hash_gather import trt as engram_trt
+    from dsflash.plugins.mhc_boundary import splits as mhc_splits
     from dsflash.plugins.mhc_boundary import trt as mhc_trt
+    from dsflash.plugins.mhc_boundary import trt_split as mhc_split_trt
 
     kernels = {}
     if vocab_map is None:
@@ -51,6 +53,13 @@ def plugin_kernels(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, vocab_
         kernels[_tactic_name("MhcBoundary", tactic)] = mhc_trt.aot_kernel(
             dtype, hint, cfg.hc_mult, cfg.hidden_size, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps,
             overrides=over)
+    block_e = mhc_splits.export_attrs(cfg.hidden_size)["block_e"]
+    for tactic in mhc_split_trt.partials_tactics():  # decoder_step's split form
+        kernels[_tactic_name("MhcBoundaryPartials", tactic)] = mhc_split_trt.partials_kernel(
+            dtype, cfg.hc_mult, cfg.hidden_size, block_e, tactic)
+    for tactic in mhc_split_trt.finish_tactics():
+        kernels[_tactic_name("MhcBoundaryFinish", tactic)] = mhc_split_trt.finish_kernel(
+            dtype, cfg.hc_mult, cfg.hidden_size, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps, tactic)
     return kernels
 
 

@@ -18,11 +18,14 @@ from dsflash.plugins.csa2_sparse_attention.decl import DECL as SPARSE_ATTENTION
 from dsflash.plugins.csa2_sparse_attention.decl import SPLIT_DECL as SPARSE_ATTENTION_SPLIT
 from dsflash.plugins.declaration import OpDecl
 from dsflash.plugins.engram_hash_gather.decl import DECL as ENGRAM_HASH_GATHER
+from dsflash.plugins.mhc_boundary import splits as mhc_splits
 from dsflash.plugins.mhc_boundary.decl import DECL as MHC_BOUNDARY
+from dsflash.plugins.mhc_boundary.decl import FINISH_DECL as MHC_FINISH
+from dsflash.plugins.mhc_boundary.decl import PARTIALS_DECL as MHC_PARTIALS
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
 DECLS: tuple[OpDecl, ...] = (ENGRAM_HASH_GATHER, INDEX_SCORE, SPARSE_ATTENTION, MHC_BOUNDARY,
-                             SPARSE_ATTENTION_SPLIT, ATTENTION_COMBINE)
+                             SPARSE_ATTENTION_SPLIT, ATTENTION_COMBINE, MHC_PARTIALS, MHC_FINISH)
 BACKENDS = ("reference", "custom_op", "triton")
 
 
@@ -53,13 +56,16 @@ class OpSet:
     """`split_attention`: the reference and custom_op backends run Csa2SparseAttention as its split
     form (Csa2SparseAttentionSplit + Csa2AttentionCombine, tuned for an H200: splits.py), which is
     how decoder_step graphs export it (a TensorRT plugin runs one kernel, and a decode step needs
-    its keys split over the GPU). The Triton backend splits inside its launcher either way."""
+    its keys split over the GPU). `split_mhc` likewise runs MhcBoundary as MhcBoundaryPartials +
+    MhcBoundaryFinish (mhc_boundary/splits.py: a decode token's channels over the GPU). The Triton
+    backend splits inside its launchers either way."""
 
     def __init__(self, backend: str = "reference", use_topk_kernel: bool = True,
-                 split_attention: bool = False):
+                 split_attention: bool = False, split_mhc: bool = False):
         self.backend = backend
         self.use_topk_kernel = use_topk_kernel
         self.split_attention = split_attention
+        self.split_mhc = split_mhc
 
     @property
     def backend(self) -> str:
@@ -117,5 +123,10 @@ class OpSet:
 
     def mhc_boundary(self, streams, y, post, comb, pre, fn, base, scale, norm_weight, iters,
                      hc_eps, rms_eps):
+        if self.split_mhc and self._backend != "triton":
+            new, x_raw, mixes, sums = self._call(MHC_PARTIALS, streams, y, post, comb, pre, fn,
+                                                 **mhc_splits.export_attrs(streams.shape[3]))
+            return (new, *self._call(MHC_FINISH, x_raw, mixes, sums, base, scale, norm_weight, iters=int(iters),
+                                     hc_eps=float(hc_eps), rms_eps=float(rms_eps)))
         return self._call(MHC_BOUNDARY, streams, y, post, comb, pre, fn, base, scale, norm_weight,
                           iters=int(iters), hc_eps=float(hc_eps), rms_eps=float(rms_eps))

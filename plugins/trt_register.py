@@ -13,8 +13,9 @@ def register_trt_plugins() -> list[str]:
     from dsflash.plugins.declaration import DOMAIN
     from dsflash.plugins.engram_hash_gather import trt as engram_trt
     from dsflash.plugins.mhc_boundary import trt as mhc_trt
+    from dsflash.plugins.mhc_boundary import trt_split as mhc_split_trt
     from dsflash.plugins.registry import DECLS
 
-    for module in (engram_trt, index_trt, attn_trt, attn_split_trt, mhc_trt):
+    for module in (engram_trt, index_trt, attn_trt, attn_split_trt, mhc_trt, mhc_split_trt):
         module.register()  # tensorrt.plugin refuses a second registration: call once per process
     return [f"{DOMAIN}::{d.name}" for d in DECLS]

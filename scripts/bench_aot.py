@@ -5,7 +5,8 @@ runs it) against the JIT launcher OpSet("triton") uses, at the released sizes, a
 replays back to back (the launch floor of scripts/bench_floor.py applies to both). Each AOT
 variant is checked against the JIT output first and reported WRONG instead of timed if it
 differs. Variants: every tactic, pointers taken as 16-byte aligned (the build's default) or not;
-for the attention also decoder_step's split form (two kernels, timed together).
+for the attention and the mHC boundary also decoder_step's split forms (two kernels each, timed
+together).
 
     python3 scripts/bench_aot.py --out OUT [--sweep | --sweep-only]   # H200: ~1.5 min, the sweep ~2.5
 """
@@ -50,7 +51,10 @@ from dsflash.plugins.csa2_sparse_attention import trt_split as attn_split_trt
 from dsflash.plugins.engram_hash_gather import kernel as engram_kernel
 from dsflash.plugins.engram_hash_gather import trt as engram_trt
 from dsflash.plugins.mhc_boundary import kernel as mhc_kernel
+from dsflash.plugins.mhc_boundary import split_form as mhc_split_jit
+from dsflash.plugins.mhc_boundary import splits as mhc_splits
 from dsflash.plugins.mhc_boundary import trt as mhc_trt
+from dsflash.plugins.mhc_boundary import trt_split as mhc_split_trt
 from dsflash.plugins.ptx_launch import PtxKernel
 
 
@@ -68,6 +72,10 @@ class SplitForm:
     acc_shape: tuple
     ml_shape: tuple
 
+    @property
+    def kernel(self):  # the first node's, for the shared-memory column
+        return self.split.kernel
+
     def runner(self, stack: contextlib.ExitStack, inputs: list, outs: list):
         first, second = (stack.enter_context(PtxKernel(x)) for x in (self.split, self.combine))
         acc = torch.empty(self.acc_shape, dtype=torch.float32, device="cuda")
@@ -77,6 +85,39 @@ class SplitForm:
             first(self.split, inputs, [acc, ml])
             second(self.combine, [inputs[0], acc, ml, inputs[5]], outs)
         return run
+
+
+@dataclass(frozen=True)
+class MhcSplitForm:
+    """decoder_step's two mHC nodes: the partials kernel writes the new streams, x unnormalised and
+    the partial sums; the finish kernel (inputs x_raw, mixes, sums, base, scale, norm_weight)
+    writes x and the next coefficients; timed together."""
+    partials: AotLaunch
+    finish: AotLaunch
+    shapes: list  # new, x_raw, mixes, sums
+
+    @property
+    def kernel(self):
+        return self.partials.kernel
+
+    def runner(self, stack: contextlib.ExitStack, inputs: list, outs: list):
+        first, second = (stack.enter_context(PtxKernel(x)) for x in (self.partials, self.finish))
+        x_raw = torch.empty(self.shapes[1], dtype=BF16, device="cuda")
+        mixes, sums = (torch.empty(shape, dtype=torch.float32, device="cuda") for shape in self.shapes[2:])
+
+        def run():
+            first(self.partials, inputs[:6], [outs[0], x_raw, mixes, sums])
+            second(self.finish, [x_raw, mixes, sums, *inputs[6:]], outs[1:])
+        return run
+
+
+def mhc_split_form(streams_shape, fn_shape, attrs: tuple, partials_tactic: int, finish_tactic: int) -> MhcSplitForm:
+    split = mhc_splits.export_attrs(streams_shape[3])
+    _, _, shapes = mhc_split_trt.partials_outputs(streams_shape, fn_shape, **split)
+    return MhcSplitForm(mhc_split_trt.aot_launch_partials(streams_shape, fn_shape, BF16, **split,
+                                                          tactic=partials_tactic),
+                        mhc_split_trt.aot_launch_finish(shapes[1], shapes[2], BF16, *attrs, tactic=finish_tactic),
+                        shapes)
 
 
 def split_form(q, kv, idx, win, scale: float, tactic: int) -> SplitForm:
@@ -100,7 +141,7 @@ def compare(case: str, jit, variants: dict, inputs: list, outputs, rel: float) -
         outs = outputs()
         with contextlib.ExitStack() as stack:
             try:
-                run = (launch.runner(stack, inputs, outs) if isinstance(launch, SplitForm)
+                run = (launch.runner(stack, inputs, outs) if isinstance(launch, (SplitForm, MhcSplitForm))
                        else single_runner(stack, launch, inputs, outs))
             except (ValueError, RuntimeError) as exc:  # more shared memory than a block gets, say
                 logging.info("%s %s: does not load: %s", case, label, exc)
@@ -111,7 +152,7 @@ def compare(case: str, jit, variants: dict, inputs: list, outputs, rel: float) -
                 logging.warning("%s %s: WRONG result, not timed", case, label)
                 continue
             res[f"{label}_us"] = 1e3 * time_ms(run, graph=True)
-        res[f"{label}_shared"] = (launch.split if isinstance(launch, SplitForm) else launch).kernel.shared_mem
+        res[f"{label}_shared"] = launch.kernel.shared_mem
         logging.info("%s %s: %.1f us (JIT %.1f us)", case, label, res[f"{label}_us"], res["jit_us"])
     return res
 
@@ -187,10 +228,14 @@ def mhc_case(tokens: int, gen, settings: dict | None = None) -> dict:
     args = [a.cuda() for a in mhc_inputs(tokens, gen)]
     attrs = (20, 1e-6, 1e-6)
     launcher = mhc_kernel.MhcBoundaryLauncher()
-    settings = settings or {**{f"tactic{t}": (True, *mhc_trt.tactic_setting(t)) for t in (1, 2, 3)},
-                            "tactic1_unaligned": (False, *mhc_trt.tactic_setting(1))}
+    default = {**{f"tactic{t}": (True, *mhc_trt.tactic_setting(t)) for t in (1, 2, 3)},
+               "tactic1_unaligned": (False, *mhc_trt.tactic_setting(1))}
+    settings = settings or default
     variants = compiled(settings, lambda aligned, hint, over: mhc_trt.aot_launch(
         args[0].shape, BF16, *attrs, aligned=aligned, tokens_hint=hint, overrides=over))
+    if settings is default:  # decoder_step's split form: partials tactic, finish tactic
+        variants |= {f"split_form_tactic{p}{f}": mhc_split_form(tuple(args[0].shape), tuple(args[5].shape),
+                                                                 attrs, p, f) for p, f in ((1, 1), (2, 2), (3, 2))}
     c, e = args[0].shape[2:]
 
     def outputs():
@@ -199,7 +244,18 @@ def mhc_case(tokens: int, gen, settings: dict | None = None) -> dict:
                 torch.empty(1, tokens, c, dtype=f32, device="cuda"),
                 torch.empty(1, tokens, c, dtype=f32, device="cuda"),
                 torch.empty(1, tokens, c, c, dtype=f32, device="cuda")]
-    return compare(f"mhc tokens={tokens}", lambda: launcher(*args, *attrs), variants, args, outputs, 1e-2)
+    res = compare(f"mhc tokens={tokens}", lambda: launcher(*args, *attrs), variants, args, outputs, 1e-2)
+    if settings is default:  # the split form's two JIT launches (split_form.py), for comparison
+        split = mhc_splits.export_attrs(e)
+
+        def jit_split():
+            new, x_raw, mixes, sums = mhc_split_jit.mhc_boundary_partials(*args[:6], **split)
+            return (new, *mhc_split_jit.mhc_boundary_finish(x_raw, mixes, sums, *args[6:], *attrs))
+        if _close(jit_split(), launcher(*args, *attrs), 1e-2):
+            res["jit_split_form_us"] = 1e3 * time_ms(jit_split, graph=True)
+        else:
+            logging.warning("mhc tokens=%d: the JIT split form's result differs, not timed", tokens)
+    return res
 
 
 def sweep(gen) -> dict:
@@ -250,7 +306,8 @@ def main() -> None:
              ("attention rows=64", lambda: attention_case(64, gen)),
              ("engram decode b=1", lambda: engram_case(1, 1, gen)),
              ("engram prefill 8192", lambda: engram_case(1, 8192, gen)),
-             ("mhc tokens=1", lambda: mhc_case(1, gen)), ("mhc tokens=8192", lambda: mhc_case(8192, gen))]
+             ("mhc tokens=1", lambda: mhc_case(1, gen)), ("mhc tokens=4", lambda: mhc_case(4, gen)),
+             ("mhc tokens=64", lambda: mhc_case(64, gen)), ("mhc tokens=8192", lambda: mhc_case(8192, gen))]
     for name, case in tqdm([] if args.sweep_only else cases, desc="aot"):
         res["cases"][name] = case()
         torch.cuda.empty_cache()

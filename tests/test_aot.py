@@ -30,11 +30,12 @@ def test_aot_kernels_for_tiny(tmp_path):
                              "Csa2SparseAttention", "Csa2SparseAttentionSplit",
                              "Csa2SparseAttentionSplit_tactic2",
                              "EngramHashGather_layer1", "EngramHashGather_layer3", "MhcBoundary",
-                             "MhcBoundary_tactic2"]
+                             "MhcBoundaryFinish", "MhcBoundaryFinish_tactic2", "MhcBoundaryPartials",
+                             "MhcBoundaryPartials_tactic2", "MhcBoundaryPartials_tactic3", "MhcBoundary_tactic2"]
     # what TensorRT passes: the input pointers, the aot_impl's extra ints, the output pointers
     trt_args = {"Csa2IndexScore": 4 + 2 + 1, "Csa2SparseAttention": 6 + 5 + 1, "EngramHashGather": 2 + 1 + 1,
                 "MhcBoundary": 9 + 3 + 5, "Csa2SparseAttentionSplit": 6 + 5 + 2,
-                "Csa2AttentionCombine": 4 + 1 + 1}
+                "Csa2AttentionCombine": 4 + 1 + 1, "MhcBoundaryPartials": 6 + 3 + 4, "MhcBoundaryFinish": 6 + 2 + 4}
     for name, k in index.items():
         op = name.split("_")[0]
         ptx = (tmp_path / f"{name}.ptx").read_text()
@@ -65,7 +66,9 @@ from dsflash.plugins.csa2_sparse_attention import splits
 from dsflash.plugins.csa2_sparse_attention import trt as attn_trt
 from dsflash.plugins.csa2_sparse_attention import trt_split
 from dsflash.plugins.engram_hash_gather import trt as engram_trt
+from dsflash.plugins.sizes import trt_sizes
 from dsflash.plugins.mhc_boundary import trt as mhc_trt
+from dsflash.plugins.mhc_boundary import trt_split as mhc_split
 # stand-ins for tensorrt.plugin's shape expressions and launch objects (tests/trt_standin.py)
 from trt_standin import Expr, Params, SymIntExprs, size_functions, value
 
@@ -113,6 +116,25 @@ cmb = trt_split.aot_launch_combine((1, 1, 64, 512), (1, 1, 21, 64, 512), bf16)
 assert cmb.grid == (1, 64, 1) and cmb.extra == (21,), cmb
 with pytest.raises(ValueError, match="block_keys 48 is not one of the kernel's key blocks"):
     trt_split.split_kernel(bf16, 64, 512, 0.04, 48)
+
+# mHC's split form: one decode token over 160 chunks of 32 channels; 64 rows over 5 splits of 32
+part = mhc_split.aot_launch_partials((1, 1, 4, 5120), (24, 20480), bf16, 32, 264)
+assert part.grid == (1, 160, 1) and part.extra == (1, 1, 160), part
+rows = mhc_split.aot_launch_partials((2, 32, 4, 5120), (24, 20480), bf16, 32, 264, tactic=mhc_split.ROWS_16)
+assert rows.grid == (4, 5, 1) and rows.extra == (64, 32, 5), rows
+fin = mhc_split.aot_launch_finish((1, 1, 5120), (160, 1, 1, 24), bf16, 20, 1e-6, 1e-6)
+assert fin.grid == (1, 5120 // 256 + 1, 1) and fin.extra == (1, 160), fin
+assert "atom" not in part.kernel.ptx and "atom" not in fin.kernel.ptx  # no counters: TensorRT gives no workspace
+with pytest.raises(ValueError, match="MhcBoundaryPartials: tactic 4 is not one of"):
+    mhc_split.partials_kernel(bf16, 4, 5120, 32, 4)
+with pytest.raises(ValueError, match="block_e 48 is not one of"):
+    mhc_split.aot_launch_partials((1, 1, 4, 5120), (24, 20480), bf16, 48, 264)
+for b, s in ((1, 1), (3, 1), (2, 7), (1, 300), (4, 66)):
+    want = mhc_split.partials_outputs((b, s, 4, 5120), (24, 20480), 32, 264)
+    got = mhc_split.partials_outputs((Expr(b), Expr(s), 4, 5120), (24, 20480), 32, 264,
+                                     trt_sizes(types.SimpleNamespace(**size_functions())))
+    assert (value(got[0]), value(got[1])) == want[:2], (b, s, got, want)
+    assert [tuple(value(x) for x in shape) for shape in got[2]] == want[2], (b, s)
 
 
 fake_trtp = types.SimpleNamespace(**size_functions())

@@ -24,7 +24,9 @@ if torch.cuda.is_available():
     from dsflash.plugins.engram_hash_gather import reference as engram_ref
     from dsflash.plugins.engram_hash_gather import trt as engram_trt
     from dsflash.plugins.mhc_boundary import reference as mhc_ref
+    from dsflash.plugins.mhc_boundary import splits as mhc_splits
     from dsflash.plugins.mhc_boundary import trt as mhc_trt
+    from dsflash.plugins.mhc_boundary import trt_split as mhc_split_trt
     from dsflash.plugins.ptx_launch import PtxKernel
 
 BF16 = torch.bfloat16
@@ -127,6 +129,31 @@ def test_aot_mhc_boundary(gen, tokens, tactic):
                        ((1, tokens, c), torch.float32), ((1, tokens, c, c), torch.float32))
     run(launch, cuda(*args), outs)
     assert_kernel_matches(tuple(outs), mhc_ref.mhc_boundary, args, attrs, BF16, f"mhc (AOT) {tokens} tokens")
+
+
+@pytest.mark.parametrize("partials_tactic,finish_tactic", [(1, 1), (2, 2), (3, 2), (1, 2)])
+@pytest.mark.parametrize("tokens", [1, 4, 64, 300])
+def test_aot_mhc_split_form(gen, tokens, partials_tactic, finish_tactic):
+    """decoder_step's two mHC nodes as TensorRT runs them: the partials kernel against its
+    reference (1 token: 160 splits of one 32-channel chunk; 300 tokens: one split), then the finish
+    kernel on them against the one-node reference."""
+    args = mhc_inputs(gen, tokens)
+    site = {"iters": 20, "hc_eps": 1e-6, "rms_eps": 1e-6}
+    streams = tuple(args[0].shape)
+    attrs = mhc_splits.export_attrs(streams[3])
+    part = mhc_split_trt.aot_launch_partials(streams, tuple(args[5].shape), BF16, **attrs, tactic=partials_tactic)
+    _, n_split, shapes = mhc_split_trt.partials_outputs(streams, tuple(args[5].shape), **attrs)
+    assert part.grid[1] == n_split == {1: 160, 4: 54, 64: 5, 300: 1}[tokens]
+    parts = run(part, cuda(*args[:6]), nan_outputs(*zip(shapes, (BF16, BF16, torch.float32, torch.float32))))
+    assert_kernel_matches(tuple(parts), mhc_ref.mhc_boundary_partials, args[:6], attrs, BF16,
+                          f"mhc partials (AOT) {tokens} tokens")
+    c = streams[2]
+    fin = mhc_split_trt.aot_launch_finish(shapes[1], shapes[2], BF16, **site, tactic=finish_tactic)
+    outs = nan_outputs((shapes[1], BF16), ((1, tokens, c), torch.float32), ((1, tokens, c), torch.float32),
+                       ((1, tokens, c, c), torch.float32))
+    run(fin, [*parts[1:], *cuda(*args[6:])], outs)
+    assert_kernel_matches((parts[0], *outs), mhc_ref.mhc_boundary, args, site, BF16,
+                          f"mhc partials + finish (AOT) {tokens} tokens")
 
 
 def test_ptx_kernel_refuses_a_wrong_argument_list(gen):

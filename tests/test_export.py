@@ -53,8 +53,10 @@ def test_plugin_nodes_carry_what_the_tensorrt_parser_needs(tiny_bundle):
                          # every layer attends, in the split form (two nodes)
                          "Csa2SparseAttentionSplit": cfg.num_hidden_layers,
                          "Csa2AttentionCombine": cfg.num_hidden_layers,
-                         "MhcBoundary": 2 * cfg.num_hidden_layers - 1 - len(
-                             [i for i in cfg.engram_layer_ids if i > 0])},
+                         # and every boundary in the mHC split form (two nodes)
+                         **dict.fromkeys(("MhcBoundaryPartials", "MhcBoundaryFinish"),
+                                         2 * cfg.num_hidden_layers - 1 - len([i for i in cfg.engram_layer_ids
+                                                                              if i > 0]))},
         "encoder_prefill": {"EngramHashGather": len(cfg.engram_layer_ids),
                             "Csa2IndexScore": len([i for i in cfg.index_source_layer_ids
                                                    if i < cfg.first_decoder_layer]),
@@ -110,7 +112,8 @@ def test_bf16_plugin_graphs_feed_each_plugin_its_declared_types(tiny_cfg):
             got = ", ".join(names[types[name]] for name in (*node.input, *node.output))
             assert got == io_types(decls[node.op_type], "BF16"), (graph, node.op_type, got)
             seen.add(node.op_type)
-        assert {"MhcBoundary", "Csa2IndexScore", "EngramHashGather"} <= seen, seen
+        boundary = {"MhcBoundaryPartials", "MhcBoundaryFinish"} if graph == "decoder_step" else {"MhcBoundary"}
+        assert boundary | {"Csa2IndexScore", "EngramHashGather"} <= seen, (graph, seen)
 
 
 @pytest.mark.parametrize("flavor", ["portable", "plugin"])

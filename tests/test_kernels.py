@@ -253,6 +253,14 @@ def test_split_attention_kernels(gen, dtype, b, s, h, d, n, k, t, block_keys, ta
                           f"Csa2SparseAttentionSplit + Csa2AttentionCombine, {n_split} splits")
 
 
+def test_attention_combine_over_head_dim_chunks(gen):
+    """The combine's programs split over head_dim too (COMBINE_D: chunks of 16 of head_dim 40, the
+    last one partial)."""
+    args = attention_case(gen, torch.float32, 1, 1, 20, 40, 90, 50, 30)
+    got = attn_kernel.SparseAttentionLauncher(overrides={"COMBINE_D": 16})(*_dev(*args), n_split=6)
+    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, torch.float32, "combine in 16-wide chunks")
+
+
 def test_split_attention_rejects_bad_input(gen):
     q, kv, idx, win, mask, sink, scale = _dev(*attention_case(gen, torch.float32, 1, 1, 4, 16, 20, 3, 4))
     with pytest.raises(ValueError, match="block_keys 24 is not one of the kernel's key blocks"):
@@ -293,6 +301,56 @@ def test_mhc_boundary_kernel(gen, dtype, b, s, c, e, n_split):
         assert_kernel_matches(got, mhc_ref.mhc_boundary, args, attrs, dtype, f"MhcBoundary split={n_split}")
         # every token block's arrival count is back at zero for the next launch
         assert all(torch.count_nonzero(counter[:, 0]) == 0 for _, _, counter in launcher._ws.values())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b,s,c,e,block_e,target,block_t", [
+    (2, 3, 4, 100, 16, 10, None),   # 6 rows aim at 2 splits of 7 chunks (4 + 3); 16-row blocks
+    (2, 3, 4, 100, 16, 10, 4),      # the same in blocks of 4 rows (a partial second block)
+    (1, 1, 4, 200, 32, 264, None),  # decode: a split per chunk, the last one partial
+    (1, 37, 2, 40, 16, 8, 1),       # one row per program, one split
+    (1, 70, 2, 72, 16, 300, None)])  # prefill-sized row blocks, 5 splits of one chunk
+def test_mhc_split_form_kernels(gen, dtype, b, s, c, e, block_e, target, block_t):
+    """The split form's two kernels (split_form.py) against their references, and together
+    against the one-node reference (what a decoder_step graph computes)."""
+    from dsflash.plugins.mhc_boundary import split_form
+    from dsflash.plugins.mhc_boundary import splits as mhc_splits
+
+    args = mhc_args(gen, b, s, c, e, dtype)
+    site = {"iters": 20, "hc_eps": 1e-6, "rms_eps": 1e-6}
+    split = {"block_e": block_e, "split_target": target}
+    parts = split_form.mhc_boundary_partials(*_dev(*args[:6]), **split, block_t=block_t)
+    _, n_split = mhc_splits.split_plan(b * s, e, block_e, target)
+    assert parts[2].shape == (n_split, b, s, (2 + c) * c) and parts[3].shape == (n_split, b, s, 2)
+    assert_kernel_matches(parts, mhc_ref.mhc_boundary_partials, args[:6], split, dtype,
+                          f"MhcBoundaryPartials {n_split} splits")
+    cpu_parts = [t.cpu() for t in parts[1:]]
+    done = split_form.mhc_boundary_finish(*parts[1:], *_dev(*args[6:]), **site, block_t=block_t)
+    assert_kernel_matches(done, mhc_ref.mhc_boundary_finish, (*cpu_parts, *args[6:]), site, dtype,
+                          f"MhcBoundaryFinish {n_split} splits")
+    assert_kernel_matches((parts[0], *done), mhc_ref.mhc_boundary, args, site, dtype,
+                          f"MhcBoundaryPartials + MhcBoundaryFinish, {n_split} splits")
+
+
+def test_mhc_split_form_rejects_bad_input(gen):
+    from dsflash.plugins.mhc_boundary import split_form
+
+    args = _dev(*mhc_args(gen, 1, 2, 4, 64, torch.float32))
+    site = {"iters": 3, "hc_eps": 1e-6, "rms_eps": 1e-6}
+    with pytest.raises(ValueError, match="block_e 48 must be one of"):
+        split_form.mhc_boundary_partials(*args[:6], 48, 8)
+    with pytest.raises(ValueError, match="MhcBoundaryPartials: fn has shape"):
+        split_form.mhc_boundary_partials(*args[:5], args[5][:, :-1], 16, 8)
+    _, x_raw, mixes, sums = split_form.mhc_boundary_partials(*args[:6], 16, 8)
+    with pytest.raises(ValueError, match="23 mixes is not"):
+        split_form.mhc_boundary_finish(x_raw, mixes[..., :23], sums, *args[6:], **site)
+    with pytest.raises(ValueError, match="sums has shape"):
+        split_form.mhc_boundary_finish(x_raw, mixes, sums[:1], *args[6:], **site)
+    many = mixes.new_zeros(257, 1, 2, 24), sums.new_zeros(257, 1, 2, 2)
+    with pytest.raises(ValueError, match="257 splits; the kernel merges 1 to 256"):
+        split_form.mhc_boundary_finish(x_raw, *many, *args[6:], **site)
+    with pytest.raises(ValueError, match="sinkhorn iters 0 < 1"):
+        split_form.mhc_boundary_finish(x_raw, mixes, sums, *args[6:], **(site | {"iters": 0}))
 
 
 def test_launchers_keep_a_replaced_workspace(gen):

@@ -7,7 +7,7 @@ import torch
 
 from dsflash.plugins.declaration import DOMAIN
 from dsflash.plugins.onnx_translation import plugin_translation_table, register_onnx_schemas
-from dsflash.plugins.registry import DECLS, SPARSE_ATTENTION_SPLIT, OpSet
+from dsflash.plugins.registry import DECLS, MHC_BOUNDARY, MHC_PARTIALS, SPARSE_ATTENTION_SPLIT, OpSet
 from dsflash.plugins.torch_ops import register_torch_ops
 
 from tolerances import OP_FP32, assert_close
@@ -32,12 +32,20 @@ def sample_inputs(decl, gen):
         inputs, _ = sample_inputs(SPARSE_ATTENTION_SPLIT, gen)
         acc, ml = SPARSE_ATTENTION_SPLIT.reference(*inputs, scale=0.3, block_keys=2, split_target=9)
         return (inputs[0], acc, ml, inputs[5]), {}
-    m = (2 + c) * c
-    return (torch.randn(b, s, c, e, generator=gen), torch.randn(b, s, e, generator=gen),
-            torch.rand(b, s, c, generator=gen), torch.rand(b, s, c, c, generator=gen),
-            torch.rand(b, s, c, generator=gen), torch.randn(m, c * e, generator=gen) * 0.1,
-            torch.randn(m, generator=gen), torch.rand(3, generator=gen),
-            torch.rand(e, generator=gen)), dict(iters=20, hc_eps=1e-6, rms_eps=1e-20)
+    m, e = (2 + c) * c, 40
+    mhc = (torch.randn(b, s, c, e, generator=gen), torch.randn(b, s, e, generator=gen),
+           torch.rand(b, s, c, generator=gen), torch.rand(b, s, c, c, generator=gen),
+           torch.rand(b, s, c, generator=gen), torch.randn(m, c * e, generator=gen) * 0.1,
+           torch.randn(m, generator=gen), torch.rand(3, generator=gen), torch.rand(e, generator=gen))
+    site = {"iters": 20, "hc_eps": 1e-6, "rms_eps": 1e-20}
+    # the split form: 3 chunks of 16 channels; 6 rows aim at cdiv(9, 6) = 2 splits (2 + 1 chunks)
+    split = {"block_e": 16, "split_target": 9}
+    if decl.name == "MhcBoundaryPartials":
+        return mhc[:6], split
+    if decl.name == "MhcBoundaryFinish":
+        _, x_raw, mixes, sums = MHC_PARTIALS.reference(*mhc[:6], **split)
+        return (x_raw, mixes, sums, *mhc[6:]), site
+    return mhc, site
 
 
 @pytest.mark.parametrize("decl", DECLS, ids=lambda d: d.name)
@@ -91,6 +99,21 @@ def test_split_attention_form_matches_the_one_node_op(gen):
     acc, _ = SPARSE_ATTENTION_SPLIT.reference(*inputs, scale=0.3, block_keys=2, split_target=9)
     # 2 + 3 blocks of 2 keys; 6 rows aim at cdiv(9, 6) = 2 splits of 3 blocks
     assert acc.shape[2] == 2
+
+
+def test_split_mhc_form_matches_the_one_node_op(gen):
+    """OpSet(split_mhc=True), as decoder_step graphs export the boundary: partials + finish nodes
+    give the one-node op's result on both graph backends."""
+    inputs, attrs = sample_inputs(MHC_BOUNDARY, gen)
+    want = OpSet("reference").mhc_boundary(*inputs, **attrs)
+    for backend in ("reference", "custom_op"):
+        got = OpSet(backend, split_mhc=True).mhc_boundary(*inputs, **attrs)
+        for name, g, w in zip(("new", "x", "pre", "post", "comb"), got, want, strict=True):
+            assert_close(g, w, OP_FP32, f"split mHC form, {backend}: {name}")
+    _, _, mixes, sums = MHC_PARTIALS.reference(*inputs[:6], block_e=16, split_target=300)
+    assert mixes.shape == (3, 2, 3, 24) and sums.shape == (3, 2, 3, 2)  # a split per chunk
+    _, split = sample_inputs(MHC_PARTIALS, gen)
+    assert MHC_PARTIALS.reference(*inputs[:6], **split)[2].shape[0] == 2
 
 
 @pytest.mark.parametrize("decl", DECLS, ids=lambda d: d.name)

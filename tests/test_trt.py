@@ -23,9 +23,9 @@ def _plugin_proto(bundle, graph="decoder_step"):
 
 
 def test_preflight_lists_the_plugins_of_each_graph(tiny_bundle):
-    assert sorted(preflight(_plugin_proto(tiny_bundle))) == [  # decoder_step: the split attention
+    assert sorted(preflight(_plugin_proto(tiny_bundle))) == [  # decoder_step: the split forms
         "Csa2AttentionCombine", "Csa2IndexScore", "Csa2SparseAttentionSplit", "EngramHashGather",
-        "MhcBoundary"]
+        "MhcBoundaryFinish", "MhcBoundaryPartials"]
     assert sorted(preflight(_plugin_proto(tiny_bundle, "encoder_prefill"))) == [
         "Csa2IndexScore", "Csa2SparseAttention", "EngramHashGather", "MhcBoundary"]
 
@@ -37,9 +37,9 @@ def test_preflight_names_an_unknown_or_mismatched_plugin(tiny_bundle):
     with pytest.raises(BundleError, match="no plugin registered for trt.plugins::Csa2IndexScoreV9"):
         preflight(proto)
     proto = _plugin_proto(tiny_bundle)
-    node = next(n for n in proto.graph.node if n.op_type == "MhcBoundary")
+    node = next(n for n in proto.graph.node if n.op_type == "MhcBoundaryFinish")
     next(a for a in node.attribute if a.name == "plugin_version").s = b"2"
-    with pytest.raises(BundleError, match=f"node {node.name} \\(MhcBoundary\\): plugin_namespace/plugin_version"):
+    with pytest.raises(BundleError, match=f"node {node.name} \\(MhcBoundaryFinish\\): plugin_namespace/plugin_version"):
         preflight(proto)
 
 

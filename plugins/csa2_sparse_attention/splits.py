@@ -8,39 +8,19 @@ first window block). The number of splits aims at `split_target` (row, split) pr
 block, so one decode row spreads over the GPU while many rows keep one split each, and never
 exceeds `max_splits(head_dim)` (what the combine kernel holds in registers).
 
-`split_plan` works on ints and on symbolic sizes through a `SizeOps`: `TORCH_SIZES` for ints and
-torch's SymInts while tracing (no guard on a dynamic size), `trt_sizes(trtp)` for TensorRT's shape
-expressions (which have +, -, *, // only with the expression on the left).
+`split_plan` works on ints and on symbolic sizes through a `SizeOps` (plugins/sizes.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple
-
-import torch
-
 from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.launch import next_pow2
+from dsflash.plugins.sizes import TORCH_SIZES, SizeOps, trt_sizes
+
+__all__ = ["TORCH_SIZES", "SizeOps", "default_split_target", "export_attrs", "key_blocks", "launch_config",
+           "max_splits", "split_plan", "trt_sizes"]
 
 H200_SMS = 132  # streaming multiprocessors of the H200 the exported attribute is tuned for
-
-
-class SizeOps(NamedTuple):
-    cdiv: Callable
-    min: Callable
-    max: Callable
-
-
-TORCH_SIZES = SizeOps(cdiv, torch.sym_min, torch.sym_max)
-
-
-def trt_sizes(trtp) -> SizeOps:
-    """tensorrt.plugin's cdiv / min / max, which refuse two ints (python's then)."""
-    def pick(sym, py):
-        return lambda a, b: py(a, b) if isinstance(a, int) and isinstance(b, int) else sym(a, b)
-
-    return SizeOps(pick(trtp.cdiv, cdiv), pick(trtp.min, min), pick(trtp.max, max))
 
 
 def launch_config(heads: int, dim: int, ieee: bool) -> dict:

@@ -159,7 +159,7 @@ def _merge_partials(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, M: tl.constexp
         ok = sp < n_split
         for i in range(tl.minimum(BLOCK_T, T - t0)):
             slot = sp.to(tl.int64) * T + t0 + i
-            part = tl.load(ws_acc + slot[:, None] * MP + m[None, :], mask=ok[:, None] & (m < M)[None, :],
+            part = tl.load(ws_acc + slot[:, None] * M + m[None, :], mask=ok[:, None] & (m < M)[None, :],
                            other=0.0, cache_modifier=".cg")
             sq_r = tl.load(ws_sq + slot * 2, mask=ok, other=0.0, cache_modifier=".cg")
             sq_x = tl.load(ws_sq + slot * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
@@ -171,7 +171,7 @@ def _merge_partials(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, M: tl.constexp
         mm = tmask[:, None] & (m < M)[None, :]
         slot = t64  # split sp's slots of these rows: sp * T + t, in int64
         for _ in range(n_split):
-            acc += tl.load(ws_acc + slot[:, None] * MP + m[None, :], mask=mm, other=0.0, cache_modifier=".cg")
+            acc += tl.load(ws_acc + slot[:, None] * M + m[None, :], mask=mm, other=0.0, cache_modifier=".cg")
             sumsq_r += tl.load(ws_sq + slot * 2, mask=tmask, other=0.0, cache_modifier=".cg")
             sumsq_x += tl.load(ws_sq + slot * 2 + 1, mask=tmask, other=0.0, cache_modifier=".cg")
             slot += T
@@ -193,18 +193,19 @@ def finish_block(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, base_ptr, scale_p
 
 
 @triton.jit
-def normalise_chunks(sumsq_x, t64, tmask, x_ptr, nw_ptr, c_lo, c_hi, E: tl.constexpr,
+def normalise_chunks(sumsq_x, t64, tmask, src_ptr, dst_ptr, nw_ptr, c_lo, c_hi, E: tl.constexpr,
                       RMS_EPS: tl.constexpr, BLOCK_E: tl.constexpr):
-    """x <- RMSNorm(x) * w over this program's own chunks of channels (barrier path)."""
+    """dst <- RMSNorm(src) * w over the chunks [c_lo, c_hi) of channels: the barrier path's own
+    chunks (src = dst = x), or the split form's finish (src the first node's unnormalised x)."""
     rstd_x = tl.rsqrt(sumsq_x / E + RMS_EPS)
     for c in range(c_lo, c_hi):
         e = c * BLOCK_E + tl.arange(0, BLOCK_E)
         emask = e < E
         m2 = tmask[:, None] & emask[None, :]
-        ptrs = x_ptr + t64[:, None] * E + e[None, :]
-        x = tl.load(ptrs, mask=m2, other=0.0).to(tl.float32)
+        at = t64[:, None] * E + e[None, :]
+        x = tl.load(src_ptr + at, mask=m2, other=0.0).to(tl.float32)
         w = tl.load(nw_ptr + e, mask=emask, other=0.0).to(tl.float32)
-        tl.store(ptrs, (x * rstd_x[:, None] * w[None, :]).to(x_ptr.dtype.element_ty), mask=m2)
+        tl.store(dst_ptr + at, (x * rstd_x[:, None] * w[None, :]).to(dst_ptr.dtype.element_ty), mask=m2)
 
 
 @triton.jit

@@ -115,11 +115,14 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
                         ITERS: tl.constexpr, HC_EPS: tl.constexpr, RMS_EPS: tl.constexpr,
                         BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, NSP: tl.constexpr,
                         NORM_E: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr, ONCE: tl.constexpr,
-                        CLUSTER: tl.constexpr = 1, BARRIER: tl.constexpr = False):
+                        CLUSTER: tl.constexpr = 1, BARRIER: tl.constexpr = False,
+                        PARTIALS_ONLY: tl.constexpr = False):
     # TensorRT's AOT order: inputs, integer scalars, outputs. The workspace comes last: the
-    # TensorRT build compiles SPLIT = 0, which never touches it. CLUSTER > 1 (TensorRT only, its
-    # PTX declaring clusters of that many CTAs): the CTAs of a cluster split one token block's
-    # channels and exchange their sums through the outputs (finish.cluster_finish).
+    # one-node TensorRT plugin compiles SPLIT = 0, which never touches it. CLUSTER > 1 (TensorRT
+    # only, its PTX declaring clusters of that many CTAs): the CTAs of a cluster split one token
+    # block's channels and exchange their sums through the outputs (finish.cluster_finish).
+    # PARTIALS_ONLY (the split form's first node, split_form.py): SPLIT, and the partial sums in
+    # ws_acc / ws_sq are outputs; x stays unnormalised and the coefficients are the second node's.
     pid_t = tl.program_id(0) // CLUSTER
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
@@ -154,9 +157,10 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
     if SPLIT:
         m = tl.arange(0, MP)
         slot = tl.program_id(1).to(tl.int64) * T + t64
-        tl.store(ws_acc + slot[:, None] * MP + m[None, :], acc, mask=tmask[:, None] & (m < M)[None, :])
+        tl.store(ws_acc + slot[:, None] * M + m[None, :], acc, mask=tmask[:, None] & (m < M)[None, :])
         tl.store(ws_sq + slot * 2, sumsq_r, mask=tmask)
         tl.store(ws_sq + slot * 2 + 1, sumsq_x, mask=tmask)
+    if SPLIT and not PARTIALS_ONLY:  # (the split form's first node stops at its partials)
         tl.debug_barrier()  # every thread's partials and x are written before the counter moves
         if BARRIER:
             # every split of the block waits for the others (a cooperative launch: all programs are
@@ -166,8 +170,8 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
             if last:
                 finish_block(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, base_ptr, scale_ptr, pre_out,
                               post_out, comb_out, C, E, M, MP, ITERS, HC_EPS, RMS_EPS, BLOCK_T, NSP)
-            normalise_chunks(total_sumsq_x(T, n_split, t64, tmask, ws_sq, NSP), t64, tmask, x_ptr, nw_ptr,
-                              c_lo, c_hi, E, RMS_EPS, BLOCK_E)
+            normalise_chunks(total_sumsq_x(T, n_split, t64, tmask, ws_sq, NSP), t64, tmask, x_ptr, x_ptr,
+                              nw_ptr, c_lo, c_hi, E, RMS_EPS, BLOCK_E)
         else:
             done = tl.atomic_add(counter + 2 * pid_t, 1)  # acq_rel at GPU scope
             if done == n_split - 1:
@@ -180,7 +184,7 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
         cluster_finish(acc, sumsq_r, sumsq_x, tl.program_id(0) % CLUSTER, c_lo, c_hi, t64, tmask, pre,
                         new_ptr, x_ptr, nw_ptr, base_ptr, scale_ptr, pre_out, post_out, comb_out, C, E, M, MP,
                         ITERS, HC_EPS, RMS_EPS, BLOCK_T, BLOCK_E, per_cta, CLUSTER)
-    else:
+    elif not SPLIT:
         tl.debug_barrier()  # this program's unnormalised x rows are written before it rereads them
         base, s_pre, s_post, s_comb = load_site(base_ptr, scale_ptr, M, MP)
         next_coefficients(acc, sumsq_r, t64, tmask, base, s_pre, s_post, s_comb, pre_out, post_out,
@@ -188,21 +192,32 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
         normalise_rows(sumsq_x, t64, tmask, x_ptr, nw_ptr, E, RMS_EPS, NORM_E)
 
 
-def _check(streams, y, post, comb, pre, fn, base, scale, norm_weight, iters):
-    op = "MhcBoundary"
+def check_mix_inputs(op: str, streams, y, post, comb, pre, fn) -> None:
+    """The residual update's inputs (the one-node op and the split form's first node)."""
     check_shape(op, "streams", streams, (None, None, None, None))
     b, s, c, e = streams.shape
     require(c in (1, 2, 4, 8), f"{op}: hc_mult {c} is not one of 1, 2, 4, 8 (the kernel tiles streams)")
-    n_mix = (2 + c) * c
     for name, t, shp in (("y", y, (b, s, e)), ("post", post, (b, s, c)), ("comb", comb, (b, s, c, c)),
-                         ("pre", pre, (b, s, c)), ("fn", fn, (n_mix, c * e)), ("base", base, (n_mix,)),
-                         ("scale", scale, (3,)), ("norm_weight", norm_weight, (e,))):
+                         ("pre", pre, (b, s, c)), ("fn", fn, ((2 + c) * c, c * e))):
         check_shape(op, name, t, shp)
     check_dtype(op, "streams", streams, (torch.float32, torch.bfloat16, torch.float16))
     require(y.dtype == streams.dtype, f"{op}: y is {y.dtype}, streams are {streams.dtype}")
+    check_device(op, streams=streams, y=y, post=post, comb=comb, pre=pre, fn=fn)
+
+
+def check_site(op: str, n_mix: int, hidden: int, base, scale, norm_weight, iters: int) -> None:
+    """The next site's parameters and the next norm's weight (the one-node op and the split form's
+    second node)."""
+    for name, t, shp in (("base", base, (n_mix,)), ("scale", scale, (3,)), ("norm_weight", norm_weight, (hidden,))):
+        check_shape(op, name, t, shp)
     require(iters >= 1, f"{op}: sinkhorn iters {iters} < 1")
-    check_device(op, streams=streams, y=y, post=post, comb=comb, pre=pre, fn=fn, base=base, scale=scale,
-                 norm_weight=norm_weight)
+    check_device(op, base=base, scale=scale, norm_weight=norm_weight)
+
+
+def _check(streams, y, post, comb, pre, fn, base, scale, norm_weight, iters):
+    check_mix_inputs("MhcBoundary", streams, y, post, comb, pre, fn)
+    c, e = streams.shape[2], streams.shape[3]
+    check_site("MhcBoundary", (2 + c) * c, e, base, scale, norm_weight, iters)
 
 
 class MhcBoundaryLauncher(LauncherBase):
@@ -213,14 +228,14 @@ class MhcBoundaryLauncher(LauncherBase):
         super().__init__(sm_count, overrides)
         self._fits: dict = {}
 
-    def _workspace(self, device, slots: int, mp: int, blocks: int):
-        """(partials [slots, MP], sums of squares [slots, 2], counters [blocks, 2]), at least that
+    def _workspace(self, device, slots: int, n_mix: int, blocks: int):
+        """(partials [slots, M], sums of squares [slots, 2], counters [blocks, 2]), at least that
         large: per token block an arrival count (back at 0 after every launch) and, for the
         barrier, a generation (any value)."""
         n_slots, n_blocks = next_pow2(slots), next_pow2(blocks)
         return self._reuse_or_make(
-            (device, mp), lambda ws: ws[0].shape[0] >= slots and ws[2].shape[0] >= blocks,
-            lambda: (torch.empty(n_slots, mp, dtype=torch.float32, device=device),
+            (device, n_mix), lambda ws: ws[0].shape[0] >= slots and ws[2].shape[0] >= blocks,
+            lambda: (torch.empty(n_slots, n_mix, dtype=torch.float32, device=device),
                      torch.empty(n_slots, 2, dtype=torch.float32, device=device),
                      torch.zeros(n_blocks, 2, dtype=torch.int32, device=device)))
 
@@ -262,7 +277,7 @@ class MhcBoundaryLauncher(LauncherBase):
         t_blocks = cdiv(tokens, block_t)
         per, n_split = channel_splits(tokens, t_blocks, cdiv(e, block_e), self._sms(dev), n_split)
         split = n_split > 1
-        ws_acc, ws_sq, counter = self._workspace(dev, n_split * tokens if split else 1, cfg["MP"],
+        ws_acc, ws_sq, counter = self._workspace(dev, n_split * tokens if split else 1, n_mix,
                                                  t_blocks if split else 1)
         f = [t.contiguous() for t in (streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next,
                                       base_next, scale_next, norm_weight)]

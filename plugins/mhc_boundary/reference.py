@@ -11,9 +11,12 @@ The rms of R is applied after the projection (the fused kernel's order).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from dsflash.plugins.dtypes import cast, f32
+from dsflash.plugins.mhc_boundary.splits import channel_ranges, split_plan
 
 
 def sinkhorn(logits_BSCC: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -63,3 +66,55 @@ def mhc_boundary(streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next, bas
 def shape(streams, y, post, comb, pre, fn, base, scale, norm_weight, iters, hc_eps, rms_eps):
     b, s, c, e = streams
     return [tuple(streams), (b, s, e), (b, s, c), (b, s, c), (b, s, c, c)]
+
+
+def mhc_boundary_partials(streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next, block_e: int,
+                          split_target: int):
+    """The split form's first half (decoder_step graphs; splits.py says which channels split p
+    holds): the new residual R and the collapse x = sum_k pre_k R_k, both rounded to the stream
+    dtype as in mhc_boundary, x not yet normalised; per split p its channels' share of the
+    projection vec(R) . fn^T and of sum R^2 and sum x^2.
+    -> (new [B,S,C,E], x_raw [B,S,E], mixes [P,B,S,M], sums [P,B,S,2]); the partials in fp32."""
+    new = hc_post(streams_BSCE, y_BSE, post_BSC, comb_BSCC)
+    x_raw = hc_collapse(new, pre_BSC)
+    b, s, c, e = new.shape
+    per, n_split = split_plan(b * s, e, block_e, split_target)
+    r, x, fn = f32(new), f32(x_raw), f32(fn_next).view(-1, c, e)
+    mixes, sums = [], []
+    for lo, hi in channel_ranges(e, block_e, per, n_split):
+        part = r[..., lo:hi]
+        mixes.append(part.flatten(-2) @ fn[:, :, lo:hi].flatten(-2).t())
+        sums.append(torch.stack((part.pow(2).sum((-2, -1)), x[..., lo:hi].pow(2).sum(-1)), dim=-1))
+    return new, x_raw, torch.stack(mixes), torch.stack(sums)
+
+
+def hc_from_mixes(n_mix: int) -> int:
+    """C from the (2 + C) * C mixes of a site."""
+    c = math.isqrt(n_mix + 1) - 1
+    if c < 1 or (2 + c) * c != n_mix:
+        raise ValueError(f"MhcBoundaryFinish: {n_mix} mixes is not (2 + C) * C for any hc_mult C")
+    return c
+
+
+def mhc_boundary_finish(x_raw_BSE, mixes_PBSM, sums_PBS2, base_next, scale_next, norm_weight, iters: int,
+                        hc_eps: float, rms_eps: float):
+    """The split form's second half: the splits' partials summed, then what mhc_boundary does with
+    the totals. -> (next sublayer input, next pre, next post, next comb)."""
+    c, e = hc_from_mixes(mixes_PBSM.shape[-1]), x_raw_BSE.shape[-1]
+    acc, sums = f32(mixes_PBSM).sum(0), f32(sums_PBS2).sum(0)
+    rstd = torch.rsqrt(sums[..., :1] / (c * e) + rms_eps)
+    pre, post, comb = split_mixes(acc * rstd, base_next, scale_next, c, iters, hc_eps)
+    x = f32(x_raw_BSE) * torch.rsqrt(sums[..., 1:] / e + rms_eps) * f32(norm_weight)
+    return cast(x, x_raw_BSE.dtype), pre, post, comb
+
+
+def partials_shape(streams, y, post, comb, pre, fn, block_e, split_target):
+    b, s, _, e = streams
+    _, n_split = split_plan(b * s, e, block_e, split_target)
+    return [tuple(streams), (b, s, e), (n_split, b, s, fn[0]), (n_split, b, s, 2)]
+
+
+def finish_shape(x_raw, mixes, sums, base, scale, norm_weight, iters, hc_eps, rms_eps):
+    b, s, _ = x_raw
+    c = hc_from_mixes(mixes[3])
+    return [tuple(x_raw), (b, s, c), (b, s, c), (b, s, c, c)]
