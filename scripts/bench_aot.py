@@ -235,7 +235,8 @@ def mhc_case(tokens: int, gen, settings: dict | None = None) -> dict:
         args[0].shape, BF16, *attrs, aligned=aligned, tokens_hint=hint, overrides=over))
     if settings is default:  # decoder_step's split form: partials tactic, finish tactic
         variants |= {f"split_form_tactic{p}{f}": mhc_split_form(tuple(args[0].shape), tuple(args[5].shape),
-                                                                 attrs, p, f) for p, f in ((1, 1), (2, 2), (3, 2))}
+                                                                 attrs, p, f)
+                     for p, f in ((1, 1), (2, 1), (2, 2), (3, 2))}
     c, e = args[0].shape[2:]
 
     def outputs():
@@ -293,6 +294,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--sweep", action="store_true", help="also sweep mHC and attention AOT launch settings")
     ap.add_argument("--sweep-only", action="store_true", help="only the sweep")
+    ap.add_argument("--only", default="", help="only the cases whose name contains this, e.g. mhc")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     out = Path(args.out)
@@ -308,6 +310,7 @@ def main() -> None:
              ("engram prefill 8192", lambda: engram_case(1, 8192, gen)),
              ("mhc tokens=1", lambda: mhc_case(1, gen)), ("mhc tokens=4", lambda: mhc_case(4, gen)),
              ("mhc tokens=64", lambda: mhc_case(64, gen)), ("mhc tokens=8192", lambda: mhc_case(8192, gen))]
+    cases = [(name, case) for name, case in cases if args.only in name]
     for name, case in tqdm([] if args.sweep_only else cases, desc="aot"):
         res["cases"][name] = case()
         torch.cuda.empty_cache()

@@ -351,7 +351,7 @@ def _sweep_index_fp4(res: dict, gen) -> None:
 
 
 def _sweep_mhc(res: dict, gen) -> None:
-    for tokens in (1, 8192):
+    for tokens in (1, 4, 16, 8192):
         args = [t.cuda() for t in mhc_inputs(tokens, gen)] + [20, 1e-6, 1e-6]
         want = mhc_kernel.MhcBoundaryLauncher()(*args)
         few = tokens <= 64
@@ -360,7 +360,8 @@ def _sweep_mhc(res: dict, gen) -> None:
         # defaults): at 8,192 tokens whole rows make only 128-256 programs of 160-320 chunks
         # each; splitting the channels too (partials merged by the last program of a token
         # block) gives more, shorter programs. Whole rows are what the TensorRT plugin runs.
-        grid = ([None, (1, 64, 4, 3, None)] if few else
+        # (4 and 16 tokens, one row per program: a finishing program per token, not one per block)
+        grid = ([None, (1, 64, 4, 3, None), (1, 32, 4, 3, None)] if few else
                 [None, (64, 32, 4, 3, 2), (64, 32, 4, 4, 2), (32, 32, 4, 4, 1), None, (64, 16, 4, 4, 1),
                  (64, 32, 8, 4, 1), None])
         for i, setting in enumerate(grid):

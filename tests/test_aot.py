@@ -117,11 +117,12 @@ assert cmb.grid == (1, 64, 1) and cmb.extra == (21,), cmb
 with pytest.raises(ValueError, match="block_keys 48 is not one of the kernel's key blocks"):
     trt_split.split_kernel(bf16, 64, 512, 0.04, 48)
 
-# mHC's split form: one decode token over 160 chunks of 32 channels; 64 rows over 5 splits of 32
+# mHC's split form: one decode token over 160 chunks of 32 channels; 64 rows (4 row blocks) over 54
+# splits of 3 chunks
 part = mhc_split.aot_launch_partials((1, 1, 4, 5120), (24, 20480), bf16, 32, 264)
 assert part.grid == (1, 160, 1) and part.extra == (1, 1, 160), part
 rows = mhc_split.aot_launch_partials((2, 32, 4, 5120), (24, 20480), bf16, 32, 264, tactic=mhc_split.ROWS_16)
-assert rows.grid == (4, 5, 1) and rows.extra == (64, 32, 5), rows
+assert rows.grid == (4, 54, 1) and rows.extra == (64, 3, 54), rows
 fin = mhc_split.aot_launch_finish((1, 1, 5120), (160, 1, 1, 24), bf16, 20, 1e-6, 1e-6)
 assert fin.grid == (1, 5120 // 256 + 1, 1) and fin.extra == (1, 160), fin
 assert "atom" not in part.kernel.ptx and "atom" not in fin.kernel.ptx  # no counters: TensorRT gives no workspace

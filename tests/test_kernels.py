@@ -305,10 +305,10 @@ def test_mhc_boundary_kernel(gen, dtype, b, s, c, e, n_split):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("b,s,c,e,block_e,target,block_t", [
-    (2, 3, 4, 100, 16, 10, None),   # 6 rows aim at 2 splits of 7 chunks (4 + 3); 16-row blocks
-    (2, 3, 4, 100, 16, 10, 4),      # the same in blocks of 4 rows (a partial second block)
+    (2, 3, 4, 100, 16, 2, None),    # 6 rows aim at 2 splits of 7 chunks (4 + 3); 16-row blocks
+    (2, 3, 4, 100, 16, 2, 4),       # the same in blocks of 4 rows (a partial second block)
     (1, 1, 4, 200, 32, 264, None),  # decode: a split per chunk, the last one partial
-    (1, 37, 2, 40, 16, 8, 1),       # one row per program, one split
+    (1, 37, 2, 40, 16, 1, 1),       # one row per program, one split
     (1, 70, 2, 72, 16, 300, None)])  # prefill-sized row blocks, 5 splits of one chunk
 def test_mhc_split_form_kernels(gen, dtype, b, s, c, e, block_e, target, block_t):
     """The split form's two kernels (split_form.py) against their references, and together

@@ -146,11 +146,11 @@ def cases():
                          (24,), (3,), (5120,)], [bf, bf, f32, f32, f32, f32, f32, f32, bf],
                         {"iters": 20, "hc_eps": 1e-6, "rms_eps": 1e-6},
                         [(2, 3), (2,), (2,), (2, 3), (2,), (0, 1), (0,), (0,), (0,)]),
-        # the split form; 6 rows aim at cdiv(264, 6) = 44 splits: 40 of 4 chunks of 32 channels
+        # the split form; 6 rows (one row block) aim at 264 splits: 160, one per chunk of 32 channels
         "MhcBoundaryPartials": ([(2, 3, 4, 5120), (2, 3, 5120), (2, 3, 4), (2, 3, 4, 4), (2, 3, 4), (24, 4 * 5120)],
                                 [bf, bf, f32, f32, f32, f32], {"block_e": 32, "split_target": 264},
                                 [(2, 3), (2,), (2,), (2, 3), (2,), (0, 1)]),
-        "MhcBoundaryFinish": ([(2, 3, 5120), (40, 2, 3, 24), (40, 2, 3, 2), (24,), (3,), (5120,)],
+        "MhcBoundaryFinish": ([(2, 3, 5120), (160, 2, 3, 24), (160, 2, 3, 2), (24,), (3,), (5120,)],
                               [bf, f32, f32, f32, f32, bf], {"iters": 20, "hc_eps": 1e-6, "rms_eps": 1e-6},
                               [(2,), (3,), (3,), (0,), (0,), (0,)]),
     }
@@ -220,12 +220,12 @@ def check_split_launch(registry) -> None:
     shapes, dtypes, attrs, consts = cases()["MhcBoundaryPartials"]
     descs = [Desc([Expr(n, i in c) for i, n in enumerate(shape)], TORCH_TO_TRT[t])
              for shape, t, c in zip(shapes, dtypes, consts)]
-    for tactic, grid in ((mhc_split.ONE_ROW, (6, 40, 1)), (mhc_split.ROWS_16, (1, 40, 1))):
+    for tactic, grid in ((mhc_split.ONE_ROW, (6, 160, 1)), (mhc_split.ROWS_16, (1, 160, 1))):
         _, _, launch, extra = call(registry[("aot", "trt.plugins::MhcBoundaryPartials")], descs, attrs,
                                    outputs=(), tactic=tactic)
         want = mhc_split.aot_launch_partials(shapes[0], shapes[5], torch.bfloat16, 32, 264, tactic)
         assert tuple(value(g) for g in (launch.grid_x, launch.grid_y, launch.grid_z)) == want.grid == grid
-        assert tuple(v for _, v in extra) == want.extra == (6, 4, 40), extra
+        assert tuple(v for _, v in extra) == want.extra == (6, 1, 160), extra
     print("MhcBoundaryPartials: symbolic launch == int launch")
 
 
