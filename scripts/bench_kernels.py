@@ -285,10 +285,6 @@ def _sweep_attention(res: dict, gen) -> None:
             _sweep_one(res, f"attn rows={rows} {over} n_split={n_split}",
                        lambda: attn_kernel.SparseAttentionLauncher(overrides=over),
                        lambda f, n=n_split: f(*args, n_split=n), want, 1e-2, graph=True)
-        for combine_d in (256, 128, 64):  # the combine's programs over head_dim chunks too
-            over = {"COMBINE_D": combine_d}
-            _sweep_one(res, f"attn rows={rows} {over}", lambda: attn_kernel.SparseAttentionLauncher(overrides=over),
-                       lambda f: f(*args), want, 1e-2, graph=True)
 
 
 def _sweep_topk(res: dict, gen) -> None:

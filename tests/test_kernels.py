@@ -253,14 +253,6 @@ def test_split_attention_kernels(gen, dtype, b, s, h, d, n, k, t, block_keys, ta
                           f"Csa2SparseAttentionSplit + Csa2AttentionCombine, {n_split} splits")
 
 
-def test_attention_combine_over_head_dim_chunks(gen):
-    """The combine's programs split over head_dim too (COMBINE_D: chunks of 16 of head_dim 40, the
-    last one partial)."""
-    args = attention_case(gen, torch.float32, 1, 1, 20, 40, 90, 50, 30)
-    got = attn_kernel.SparseAttentionLauncher(overrides={"COMBINE_D": 16})(*_dev(*args), n_split=6)
-    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, torch.float32, "combine in 16-wide chunks")
-
-
 def test_split_attention_rejects_bad_input(gen):
     q, kv, idx, win, mask, sink, scale = _dev(*attention_case(gen, torch.float32, 1, 1, 4, 16, 20, 3, 4))
     with pytest.raises(ValueError, match="block_keys 24 is not one of the kernel's key blocks"):

@@ -113,16 +113,15 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
 def csa2_attention_combine_kernel(q_ptr, acc_ptr, ml_ptr, sink_ptr, n_split, out_ptr, H: tl.constexpr,
                                   D: tl.constexpr, BLOCK_D: tl.constexpr, NSP: tl.constexpr,
                                   PDL: tl.constexpr = False):
-    """Grid (query rows, heads, head_dim chunks of BLOCK_D): the n_split partial softmaxes of one
-    head in one load each (maxima, sums, outputs), weighted by exp(m_p - m) and normalised with the
-    sink. q_ptr is the combine plugin's first input, which gives the output its dtype; it is not
-    read."""
+    """Grid (query rows, heads): the n_split partial softmaxes of one head in one load each
+    (maxima, sums, outputs), weighted by exp(m_p - m) and normalised with the sink. q_ptr is the
+    combine plugin's first input, which gives the output its dtype; it is not read."""
     wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     sp = tl.arange(0, NSP)
     ok = sp < n_split
-    dd = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    dd = tl.arange(0, BLOCK_D)
     part_at = (row * n_split + sp) * H + h
     plane = (row * n_split + sp) * 2 * H + h
     m_p = tl.load(ml_ptr + plane, mask=ok, other=float("-inf"))
@@ -187,7 +186,6 @@ class SparseAttentionLauncher(LauncherBase):
         if out.numel() == 0:
             return out
         cfg, pdl = self._config(q_BSHD)
-        combine_d = cfg.pop("COMBINE_D", None)
         target = cdiv(2 * self._sms(q_BSHD.device), cdiv(h, cfg["BLOCK_H"]))
         per, n_split = splits.split_plan(b * s, idx_BSK.shape[2], win_kv_BTD.shape[1], d, cfg["BLOCK_K"],
                                          target, n_split)
@@ -198,7 +196,7 @@ class SparseAttentionLauncher(LauncherBase):
         acc, ml = self._workspace(q_BSHD.device, b * s * n_split * h, d)
         _launch_attention(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale, cfg, pdl,
                           per, n_split, (None, acc, ml))
-        _launch_combine(q_BSHD, acc, ml, sink_H.contiguous(), n_split, out, pdl, combine_d)
+        _launch_combine(q_BSHD, acc, ml, sink_H.contiguous(), n_split, out, pdl)
         return out
 
 
@@ -220,13 +218,11 @@ def _launch_attention(q, kv, idx, win, wmask, sink, scale, cfg, pdl, per, n_spli
         H=h, D=d, SCALE=float(scale), SPLIT=split, num_stages=stages, **cfg, **pdl)
 
 
-def _launch_combine(q, acc, ml, sink, n_split: int, out, pdl, block_d: int | None = None):
-    """block_d: head_dim chunk per program (a third grid dimension), the whole head by default."""
+def _launch_combine(q, acc, ml, sink, n_split: int, out, pdl):
     b, s, h, d = q.shape
-    block_d = block_d or next_pow2(d, 16)
-    csa2_attention_combine_kernel[(b * s, h, cdiv(d, block_d))](q, acc, ml, sink, n_split, out, H=h, D=d,
-                                                                BLOCK_D=block_d, NSP=next_pow2(n_split),
-                                                                num_warps=4, **pdl)
+    csa2_attention_combine_kernel[(b * s, h)](q, acc, ml, sink, n_split, out, H=h, D=d,
+                                              BLOCK_D=next_pow2(d, 16), NSP=next_pow2(n_split),
+                                              num_warps=4, **pdl)
 
 
 def csa2_sparse_attention(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_BSK: torch.Tensor,

@@ -329,9 +329,11 @@ def launch_config(tokens: int, hc: int, hidden: int, dtype: torch.dtype) -> dict
     slower, the projection as two bf16 dots over fn's hi and lo parts slower than one tf32 dot."""
     few = tokens <= 64
     fp32 = dtype == torch.float32  # fp32 tiles: twice the registers and shared memory (not swept)
-    # one to four tokens: that many rows per program and the projection as fp32 products (the
-    # tensor cores need 16 rows); BLOCK_T * C * BLOCK_E * MP stays at 16K values or fewer
-    block_t = next_pow2(tokens) if tokens <= 4 else 16 if few else 32 if fp32 else 64
+    # one to four tokens: one row per program and the projection as fp32 products (the tensor
+    # cores need 16 rows), so each token's splits finish in a last program of their own. H200
+    # (session 14, 4 tokens): 17.0 us as one block of 4 rows, 13.5 us as 4 blocks of one row; at 16
+    # tokens one row per program was slower (31.8 against 19.2 us as one block behind the barrier)
+    block_t = 1 if tokens <= 4 else 16 if few else 32 if fp32 else 64
     block_e = min(32, next_pow2(hidden, 16))
     # the RMSNorm pass of x: tiles of 4K values at decode; 16K for row blocks, where that pass is
     # each program's tail (8,192 tokens, session 8: 453 us at 4K, 446 at 8K, 430 at 16K)

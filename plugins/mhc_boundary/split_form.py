@@ -65,8 +65,9 @@ def finish_grid(tokens, hidden: int, cfg: dict) -> tuple:
 
 def mhc_boundary_partials(streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next, block_e: int,
                           split_target: int, block_t: int | None = None):
-    """reference.mhc_boundary_partials' signature (block_t: rows per program, sweeps and tests;
-    by default the JIT launch's choice for this many tokens)."""
+    """reference.mhc_boundary_partials' signature (block_t: rows per program, sweeps and tests).
+    By default the TensorRT tactic the H200 ran fastest: 16-row blocks on the tensor cores up to
+    64 tokens (ROWS_16), 64-row blocks beyond (ROWS_64); docs/benchmarks.md."""
     op = "MhcBoundaryPartials"
     check_mix_inputs(op, streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next)
     b, s, c, e = streams_BSCE.shape
@@ -77,7 +78,8 @@ def mhc_boundary_partials(streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_
     mixes = torch.empty(n_split, b, s, n_mix, dtype=torch.float32, device=streams_BSCE.device)
     sums = torch.empty(n_split, b, s, 2, dtype=torch.float32, device=streams_BSCE.device)
     if tokens:
-        cfg = partials_config(tokens if block_t is None else block_t, c, e, streams_BSCE.dtype, block_e)
+        cfg = partials_config(max(tokens, 16) if block_t is None else block_t, c, e, streams_BSCE.dtype,
+                              block_e)
         if interpreting():  # the identity of kernel._computed_once is inline PTX
             cfg["ONCE"] = False
         grid = (cdiv(tokens, cfg["BLOCK_T"]), n_split)
@@ -97,7 +99,9 @@ def partials_config(tokens_hint: int, hc: int, hidden: int, dtype: torch.dtype, 
 
 def mhc_boundary_finish(x_raw_BSE, mixes_PBSM, sums_PBS2, base_next, scale_next, norm_weight, iters: int,
                         hc_eps: float, rms_eps: float, block_t: int | None = None):
-    """reference.mhc_boundary_finish's signature (block_t: rows per program, as above)."""
+    """reference.mhc_boundary_finish's signature (block_t: rows per program, as above; by default
+    one row per program up to 64 tokens, so each row's splits merge in a program of its own, and
+    16-row blocks beyond)."""
     op = "MhcBoundaryFinish"
     check_shape(op, "x_raw", x_raw_BSE, (None, None, None))
     b, s, e = x_raw_BSE.shape
@@ -120,7 +124,7 @@ def mhc_boundary_finish(x_raw_BSE, mixes_PBSM, sums_PBS2, base_next, scale_next,
     post = torch.empty_like(pre)
     comb = torch.empty(b, s, c, c, dtype=torch.float32, device=dev)
     if tokens:
-        cfg = finish_config(tokens if block_t is None else block_t, e)
+        cfg = finish_config((1 if tokens <= 64 else tokens) if block_t is None else block_t, e)
         grid = finish_grid(tokens, e, cfg)
         mhc_boundary_finish_kernel[grid[:2]](
             x_raw_BSE.contiguous(), mixes_PBSM.contiguous(), sums_PBS2.contiguous(), base_next.contiguous(),
