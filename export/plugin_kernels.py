@@ -1,6 +1,6 @@
 """Ahead-of-time kernels of a model's plugin ops: for every custom node the plugin-flavor graphs
-hold (one Engram gather per Engram layer, the CSA2 ops, one mHC boundary kind), the sm_90 PTX and
-launch parameters that the trt.py registrations hand TensorRT. Written beside a bundle's plans
+hold (one Engram gather per Engram layer, the CSA2 ops, the mHC boundary and its split form), the
+sm_90 PTX and launch parameters that the trt.py registrations hand TensorRT. Written beside a bundle's plans
 (`kernels/`) so a build can be checked without TensorRT; needs Triton, no GPU.
 """
 

@@ -126,7 +126,7 @@ class OpSet:
         if self.split_mhc and self._backend != "triton":
             new, x_raw, mixes, sums = self._call(MHC_PARTIALS, streams, y, post, comb, pre, fn,
                                                  **mhc_splits.export_attrs(streams.shape[3]))
-            return (new, *self._call(MHC_FINISH, x_raw, mixes, sums, base, scale, norm_weight, iters=int(iters),
-                                     hc_eps=float(hc_eps), rms_eps=float(rms_eps)))
+            return (new, *self._call(MHC_FINISH, x_raw, mixes, sums, base, scale, norm_weight,
+                                     iters=int(iters), hc_eps=float(hc_eps), rms_eps=float(rms_eps)))
         return self._call(MHC_BOUNDARY, streams, y, post, comb, pre, fn, base, scale, norm_weight,
                           iters=int(iters), hc_eps=float(hc_eps), rms_eps=float(rms_eps))

@@ -111,13 +111,14 @@ class MhcSplitForm:
         return run
 
 
-def mhc_split_form(streams_shape, fn_shape, attrs: tuple, partials_tactic: int, finish_tactic: int) -> MhcSplitForm:
+def mhc_split_form(streams_shape, fn_shape, attrs: tuple, partials_tactic: int,
+                   finish_tactic: int) -> MhcSplitForm:
     split = mhc_splits.export_attrs(streams_shape[3])
     _, _, shapes = mhc_split_trt.partials_outputs(streams_shape, fn_shape, **split)
-    return MhcSplitForm(mhc_split_trt.aot_launch_partials(streams_shape, fn_shape, BF16, **split,
-                                                          tactic=partials_tactic),
-                        mhc_split_trt.aot_launch_finish(shapes[1], shapes[2], BF16, *attrs, tactic=finish_tactic),
-                        shapes)
+    partials = mhc_split_trt.aot_launch_partials(streams_shape, fn_shape, BF16, **split,
+                                                 tactic=partials_tactic)
+    finish = mhc_split_trt.aot_launch_finish(shapes[1], shapes[2], BF16, *attrs, tactic=finish_tactic)
+    return MhcSplitForm(partials, finish, shapes)
 
 
 def split_form(q, kv, idx, win, scale: float, tactic: int) -> SplitForm:

@@ -31,11 +31,13 @@ def test_aot_kernels_for_tiny(tmp_path):
                              "Csa2SparseAttentionSplit_tactic2",
                              "EngramHashGather_layer1", "EngramHashGather_layer3", "MhcBoundary",
                              "MhcBoundaryFinish", "MhcBoundaryFinish_tactic2", "MhcBoundaryPartials",
-                             "MhcBoundaryPartials_tactic2", "MhcBoundaryPartials_tactic3", "MhcBoundary_tactic2"]
+                             "MhcBoundaryPartials_tactic2", "MhcBoundaryPartials_tactic3",
+                             "MhcBoundary_tactic2"]
     # what TensorRT passes: the input pointers, the aot_impl's extra ints, the output pointers
     trt_args = {"Csa2IndexScore": 4 + 2 + 1, "Csa2SparseAttention": 6 + 5 + 1, "EngramHashGather": 2 + 1 + 1,
                 "MhcBoundary": 9 + 3 + 5, "Csa2SparseAttentionSplit": 6 + 5 + 2,
-                "Csa2AttentionCombine": 4 + 1 + 1, "MhcBoundaryPartials": 6 + 3 + 4, "MhcBoundaryFinish": 6 + 2 + 4}
+                "Csa2AttentionCombine": 4 + 1 + 1, "MhcBoundaryPartials": 6 + 3 + 4,
+                "MhcBoundaryFinish": 6 + 2 + 4}
     for name, k in index.items():
         op = name.split("_")[0]
         ptx = (tmp_path / f"{name}.ptx").read_text()
@@ -125,7 +127,8 @@ rows = mhc_split.aot_launch_partials((2, 32, 4, 5120), (24, 20480), bf16, 32, 26
 assert rows.grid == (4, 54, 1) and rows.extra == (64, 3, 54), rows
 fin = mhc_split.aot_launch_finish((1, 1, 5120), (160, 1, 1, 24), bf16, 20, 1e-6, 1e-6)
 assert fin.grid == (1, 5120 // 256 + 1, 1) and fin.extra == (1, 160), fin
-assert "atom" not in part.kernel.ptx and "atom" not in fin.kernel.ptx  # no counters: TensorRT gives no workspace
+# no counters: TensorRT gives no workspace
+assert "atom" not in part.kernel.ptx and "atom" not in fin.kernel.ptx
 with pytest.raises(ValueError, match="MhcBoundaryPartials: tactic 4 is not one of"):
     mhc_split.partials_kernel(bf16, 4, 5120, 32, 4)
 with pytest.raises(ValueError, match="block_e 48 is not one of"):

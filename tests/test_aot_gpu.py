@@ -141,7 +141,8 @@ def test_aot_mhc_split_form(gen, tokens, partials_tactic, finish_tactic):
     site = {"iters": 20, "hc_eps": 1e-6, "rms_eps": 1e-6}
     streams = tuple(args[0].shape)
     attrs = mhc_splits.export_attrs(streams[3])
-    part = mhc_split_trt.aot_launch_partials(streams, tuple(args[5].shape), BF16, **attrs, tactic=partials_tactic)
+    part = mhc_split_trt.aot_launch_partials(streams, tuple(args[5].shape), BF16, **attrs,
+                                             tactic=partials_tactic)
     _, n_split, shapes = mhc_split_trt.partials_outputs(streams, tuple(args[5].shape), **attrs)
     assert part.grid[1] == n_split == {1: 160, 4: 160, 64: 54, 300: 14}[tokens]
     parts = run(part, cuda(*args[:6]), nan_outputs(*zip(shapes, (BF16, BF16, torch.float32, torch.float32))))

@@ -112,7 +112,8 @@ def test_bf16_plugin_graphs_feed_each_plugin_its_declared_types(tiny_cfg):
             got = ", ".join(names[types[name]] for name in (*node.input, *node.output))
             assert got == io_types(decls[node.op_type], "BF16"), (graph, node.op_type, got)
             seen.add(node.op_type)
-        boundary = {"MhcBoundaryPartials", "MhcBoundaryFinish"} if graph == "decoder_step" else {"MhcBoundary"}
+        split = graph == "decoder_step"
+        boundary = {"MhcBoundaryPartials", "MhcBoundaryFinish"} if split else {"MhcBoundary"}
         assert boundary | {"Csa2IndexScore", "EngramHashGather"} <= seen, (graph, seen)
 
 

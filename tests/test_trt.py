@@ -39,7 +39,8 @@ def test_preflight_names_an_unknown_or_mismatched_plugin(tiny_bundle):
     proto = _plugin_proto(tiny_bundle)
     node = next(n for n in proto.graph.node if n.op_type == "MhcBoundaryFinish")
     next(a for a in node.attribute if a.name == "plugin_version").s = b"2"
-    with pytest.raises(BundleError, match=f"node {node.name} \\(MhcBoundaryFinish\\): plugin_namespace/plugin_version"):
+    with pytest.raises(BundleError,
+                       match=f"node {node.name} \\(MhcBoundaryFinish\\): plugin_namespace/plugin_version"):
         preflight(proto)
 
 

@@ -147,7 +147,8 @@ def cases():
                         {"iters": 20, "hc_eps": 1e-6, "rms_eps": 1e-6},
                         [(2, 3), (2,), (2,), (2, 3), (2,), (0, 1), (0,), (0,), (0,)]),
         # the split form; 6 rows (one row block) aim at 264 splits: 160, one per chunk of 32 channels
-        "MhcBoundaryPartials": ([(2, 3, 4, 5120), (2, 3, 5120), (2, 3, 4), (2, 3, 4, 4), (2, 3, 4), (24, 4 * 5120)],
+        "MhcBoundaryPartials": ([(2, 3, 4, 5120), (2, 3, 5120), (2, 3, 4), (2, 3, 4, 4), (2, 3, 4),
+                                 (24, 4 * 5120)],
                                 [bf, bf, f32, f32, f32, f32], {"block_e": 32, "split_target": 264},
                                 [(2, 3), (2,), (2,), (2, 3), (2,), (0, 1)]),
         "MhcBoundaryFinish": ([(2, 3, 5120), (160, 2, 3, 24), (160, 2, 3, 2), (24,), (3,), (5120,)],

@@ -19,7 +19,8 @@ PARTIALS_DECL = OpDecl(
     name="MhcBoundaryPartials", torch_name="mhc_boundary_partials",
     inputs=(Port("streams", "float"), Port("y", "float"),
             *(Port(n, "fp32") for n in ("post", "comb", "pre", "fn"))),
-    outputs=(Port("new_streams", "float"), Port("x_raw", "float"), Port("mixes", "fp32"), Port("sums", "fp32")),
+    outputs=(Port("new_streams", "float"), Port("x_raw", "float"), Port("mixes", "fp32"),
+             Port("sums", "fp32")),
     attrs=(Attr("block_e", "int"), Attr("split_target", "int")),
     reference=reference.mhc_boundary_partials, shape_fn=reference.partials_shape)
 

@@ -208,7 +208,8 @@ def check_mix_inputs(op: str, streams, y, post, comb, pre, fn) -> None:
 def check_site(op: str, n_mix: int, hidden: int, base, scale, norm_weight, iters: int) -> None:
     """The next site's parameters and the next norm's weight (the one-node op and the split form's
     second node)."""
-    for name, t, shp in (("base", base, (n_mix,)), ("scale", scale, (3,)), ("norm_weight", norm_weight, (hidden,))):
+    for name, t, shp in (("base", base, (n_mix,)), ("scale", scale, (3,)),
+                         ("norm_weight", norm_weight, (hidden,))):
         check_shape(op, name, t, shp)
     require(iters >= 1, f"{op}: sinkhorn iters {iters} < 1")
     check_device(op, base=base, scale=scale, norm_weight=norm_weight)

@@ -23,7 +23,12 @@ from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.launch import check_device, check_dtype, check_shape, interpreting, next_pow2, require
 from dsflash.plugins.mhc_boundary import splits
 from dsflash.plugins.mhc_boundary.finish import finish_block, normalise_chunks, total_sumsq_x
-from dsflash.plugins.mhc_boundary.kernel import check_mix_inputs, check_site, launch_config, mhc_boundary_kernel
+from dsflash.plugins.mhc_boundary.kernel import (
+    check_mix_inputs,
+    check_site,
+    launch_config,
+    mhc_boundary_kernel,
+)
 from dsflash.plugins.mhc_boundary.reference import hc_from_mixes
 
 
@@ -43,8 +48,8 @@ def mhc_boundary_finish_kernel(x_raw_ptr, mixes_ptr, sums_ptr, base_ptr, scale_p
     n_norm: tl.constexpr = (E + NORM_E - 1) // NORM_E
     chunk = tl.program_id(1)
     if chunk == n_norm:
-        finish_block(pid_t, T, n_split, t64, tmask, mixes_ptr, sums_ptr, base_ptr, scale_ptr, pre_out, post_out,
-                     comb_out, C, E, M, MP, ITERS, HC_EPS, RMS_EPS, BLOCK_T, NSP)
+        finish_block(pid_t, T, n_split, t64, tmask, mixes_ptr, sums_ptr, base_ptr, scale_ptr, pre_out,
+                     post_out, comb_out, C, E, M, MP, ITERS, HC_EPS, RMS_EPS, BLOCK_T, NSP)
     else:
         normalise_chunks(total_sumsq_x(T, n_split, t64, tmask, sums_ptr, NSP), t64, tmask, x_raw_ptr, x_ptr,
                          nw_ptr, chunk, chunk + 1, E, RMS_EPS, NORM_E)

@@ -5,7 +5,7 @@ channels over splits.py's splits, each writing its partial sums) and MhcBoundary
 with no workspace, so the one-node plugin (trt.py) can only split a token's channels over a
 cluster of 8 CTAs (24.3 us for one token on the H200, against 8.5 us for the JIT launcher's
 split over the GPU); two nodes with the partials as tensors between them give TensorRT the JIT
-launcher's split.
+launcher's split: 8.4 us for one token, 12.2 us for 64 (docs/benchmarks.md, session 14).
 """
 
 from __future__ import annotations
@@ -30,12 +30,16 @@ _NOT_PARTIALS = ("base_ptr", "scale_ptr", "nw_ptr", "pre_out", "post_out", "comb
 
 
 def partials_tactics() -> list[int]:
-    """ONE_ROW: decode (one row per program, exact fp32 products, as the JIT launch at one token);
-    ROWS_16 / ROWS_64: more rows, the projection on the tensor cores (ROWS_64 with 4 stages)."""
+    """ONE_ROW: one row per program, exact fp32 products (as the JIT launch at one token); ROWS_16 /
+    ROWS_64: the projection on the tensor cores (ROWS_64 with 4 stages). H200 (session 14, with the
+    finish's ONE_ROW): ROWS_16 fastest from 1 to 64 tokens (8.4 / 8.9 / 12.2 us at 1 / 4 / 64),
+    ROWS_64 at 8,192 tokens (406.7 us, with the finish's ROWS_16)."""
     return list(PARTIALS_HINTS)
 
 
 def finish_tactics() -> list[int]:
+    """ONE_ROW: each row's splits merged by a program of its own (64 tokens: 12.2 against 17.8 us
+    with ROWS_16, which merges 16 rows in one program); ROWS_16 for many rows and few splits."""
     return list(FINISH_HINTS)
 
 
@@ -72,9 +76,9 @@ def finish_kernel(dtype: torch.dtype, hc: int, hidden: int, iters: int, hc_eps: 
 def finish_signature(dtype: torch.dtype) -> dict:
     """Triton types of mhc_boundary_finish_kernel's arguments, in TensorRT's AOT order."""
     x = pointer(dtype)
-    return {"x_raw_ptr": x, "mixes_ptr": "*fp32", "sums_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32",
-            "nw_ptr": x, "T": "i32", "n_split": "i32", "x_ptr": x, "pre_out": "*fp32", "post_out": "*fp32",
-            "comb_out": "*fp32"}
+    return {"x_raw_ptr": x, "mixes_ptr": "*fp32", "sums_ptr": "*fp32", "base_ptr": "*fp32",
+            "scale_ptr": "*fp32", "nw_ptr": x, "T": "i32", "n_split": "i32", "x_ptr": x, "pre_out": "*fp32",
+            "post_out": "*fp32", "comb_out": "*fp32"}
 
 
 def partials_outputs(streams_shape, fn_shape, block_e: int, split_target: int,
@@ -113,45 +117,46 @@ def register() -> None:
     from dsflash.plugins.trt_types import io_types, torch_dtypes
 
     sizes = trt_sizes(trtp)
+    Desc = trtp.TensorDesc  # a type: the signatures below annotate with it
     partials_id, finish_id = f"{DOMAIN}::{PARTIALS_DECL.name}", f"{DOMAIN}::{FINISH_DECL.name}"
 
     @trtp.register(partials_id)
-    def _partials_desc(streams: trtp.TensorDesc, y: trtp.TensorDesc, post: trtp.TensorDesc, comb: trtp.TensorDesc,
-                       pre: trtp.TensorDesc, fn: trtp.TensorDesc, block_e: int, split_target: int):
-        _, _, (_, x_raw, mixes, sums) = partials_outputs(streams.shape_expr, fn.shape_expr, block_e, split_target,
-                                                         sizes)
+    def _partials_desc(streams: Desc, y: Desc, post: Desc, comb: Desc, pre: Desc, fn: Desc, block_e: int,
+                       split_target: int):
+        _, _, (_, x_raw, mixes, sums) = partials_outputs(streams.shape_expr, fn.shape_expr, block_e,
+                                                         split_target, sizes)
         f32 = trt.float32
         return (streams.like(), trtp.from_shape_expr(x_raw, dtype=streams.dtype),
                 trtp.from_shape_expr(mixes, dtype=f32), trtp.from_shape_expr(sums, dtype=f32))
 
     @trtp.autotune(partials_id)
     def _partials_tune(streams, y, post, comb, pre, fn, block_e, split_target, outputs):
-        return [trtp.AutoTuneCombination(io_types(PARTIALS_DECL, "FP32|BF16|FP16"), "LINEAR", partials_tactics())]
+        types = io_types(PARTIALS_DECL, "FP32|BF16|FP16")
+        return [trtp.AutoTuneCombination(types, "LINEAR", partials_tactics())]
 
     @trtp.aot_impl(partials_id)
-    def _partials_aot(streams: trtp.TensorDesc, y: trtp.TensorDesc, post: trtp.TensorDesc, comb: trtp.TensorDesc,
-                      pre: trtp.TensorDesc, fn: trtp.TensorDesc, block_e: int, split_target: int, outputs,
-                      tactic: int):
-        return aot_launch_partials(streams.shape_expr, fn.shape_expr, torch_dtypes(trt)[streams.dtype], block_e,
-                                   split_target, tactic=tactic or ONE_ROW, ops=sizes).for_trt(trtp)
+    def _partials_aot(streams: Desc, y: Desc, post: Desc, comb: Desc, pre: Desc, fn: Desc, block_e: int,
+                      split_target: int, outputs, tactic: int):
+        dtype = torch_dtypes(trt)[streams.dtype]
+        return aot_launch_partials(streams.shape_expr, fn.shape_expr, dtype, block_e, split_target,
+                                   tactic=tactic or ONE_ROW, ops=sizes).for_trt(trtp)
 
     @trtp.register(finish_id)
-    def _finish_desc(x_raw: trtp.TensorDesc, mixes: trtp.TensorDesc, sums: trtp.TensorDesc, base: trtp.TensorDesc,
-                     scale: trtp.TensorDesc, norm_weight: trtp.TensorDesc, iters: int, hc_eps: float,
-                     rms_eps: float):
+    def _finish_desc(x_raw: Desc, mixes: Desc, sums: Desc, base: Desc, scale: Desc, norm_weight: Desc,
+                     iters: int, hc_eps: float, rms_eps: float):
         b, s = x_raw.shape_expr[0], x_raw.shape_expr[1]
         c = hc_from_mixes(constant(mixes.shape_expr[3]))
         f32 = trt.float32
-        return (x_raw.like(), trtp.from_shape_expr((b, s, c), dtype=f32), trtp.from_shape_expr((b, s, c), dtype=f32),
-                trtp.from_shape_expr((b, s, c, c), dtype=f32))
+        return (x_raw.like(), trtp.from_shape_expr((b, s, c), dtype=f32),
+                trtp.from_shape_expr((b, s, c), dtype=f32), trtp.from_shape_expr((b, s, c, c), dtype=f32))
 
     @trtp.autotune(finish_id)
     def _finish_tune(x_raw, mixes, sums, base, scale, norm_weight, outputs):
-        return [trtp.AutoTuneCombination(io_types(FINISH_DECL, "FP32|BF16|FP16"), "LINEAR", finish_tactics())]
+        types = io_types(FINISH_DECL, "FP32|BF16|FP16")
+        return [trtp.AutoTuneCombination(types, "LINEAR", finish_tactics())]
 
     @trtp.aot_impl(finish_id)
-    def _finish_aot(x_raw: trtp.TensorDesc, mixes: trtp.TensorDesc, sums: trtp.TensorDesc, base: trtp.TensorDesc,
-                    scale: trtp.TensorDesc, norm_weight: trtp.TensorDesc, iters: int, hc_eps: float, rms_eps: float,
-                    outputs, tactic: int):
+    def _finish_aot(x_raw: Desc, mixes: Desc, sums: Desc, base: Desc, scale: Desc, norm_weight: Desc,
+                    iters: int, hc_eps: float, rms_eps: float, outputs, tactic: int):
         return aot_launch_finish(x_raw.shape_expr, mixes.shape_expr, torch_dtypes(trt)[x_raw.dtype], iters,
                                  hc_eps, rms_eps, tactic=tactic or ONE_ROW).for_trt(trtp)
