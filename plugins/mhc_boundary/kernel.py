@@ -164,12 +164,17 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
         tl.debug_barrier()  # every thread's partials and x are written before the counter moves
         if BARRIER:
             # every split of the block waits for the others (a cooperative launch: all programs are
-            # resident), then normalises its own chunks; the last to arrive also writes the
-            # coefficients. Without it, the last program normalised the whole block's x alone.
-            last = arrive_and_wait(counter + 2 * pid_t, counter + 2 * pid_t + 1, n_split)
-            if last:
-                finish_block(pid_t, T, n_split, t64, tmask, ws_acc, ws_sq, base_ptr, scale_ptr, pre_out,
-                              post_out, comb_out, C, E, M, MP, ITERS, HC_EPS, RMS_EPS, BLOCK_T, NSP)
+            # resident), then finishes rows of the block: split j merges rows j, j + n_split, ...
+            # on its own (one [NSP, M] load per row) and writes their coefficients, and every split
+            # normalises its own chunks. Before, the last split merged the whole block split by
+            # split; before the barrier, it also normalised the whole block's x alone.
+            arrive_and_wait(counter + 2 * pid_t, counter + 2 * pid_t + 1, n_split)
+            block_rows = tl.minimum(BLOCK_T, T - pid_t * BLOCK_T)
+            for r in range(tl.program_id(1), block_rows, n_split):
+                row = pid_t * BLOCK_T + r
+                one = (row + tl.arange(0, 1)).to(tl.int64)
+                finish_block(row, T, n_split, one, one < T, ws_acc, ws_sq, base_ptr, scale_ptr, pre_out,
+                              post_out, comb_out, C, E, M, MP, ITERS, HC_EPS, RMS_EPS, 1, NSP)
             normalise_chunks(total_sumsq_x(T, n_split, t64, tmask, ws_sq, NSP), t64, tmask, x_ptr, x_ptr,
                               nw_ptr, c_lo, c_hi, E, RMS_EPS, BLOCK_E)
         else:
