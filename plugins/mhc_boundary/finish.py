@@ -3,9 +3,10 @@ channel sums are complete. The next site's coefficients from the projection (sig
 Sinkhorn of the comb logits), and the RMSNorm of the next input x, which the channel loop stored
 unnormalised. Four ways a block gets there: one program owned whole rows; the last of the block's
 channel splits merges their partials from the workspace (a counter) and finishes alone;
-the splits meet at a barrier and each normalises its own chunks (finish_block +
-normalise_chunks, a cooperative launch); or, in TensorRT, a cluster of CTAs exchanges its sums
-through the outputs (cluster_finish).
+the splits meet at a barrier, then each finishes some rows (finish_block on one row at a time)
+and normalises its own chunks (normalise_chunks; a cooperative launch); or, in TensorRT, a
+cluster of CTAs exchanges its sums through the outputs (cluster_finish). The split form's second
+node (split_form.py) runs finish_block and normalise_chunks as a kernel of their own.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ too; each split stores its partial sums in a workspace slot, and the last progra
 block (a counter) adds them up in a fixed order (so results do not depend on scheduling),
 finishes the rows and clears the counter for the next launch, so a boundary stays one launch.
 Blocks of 16 rows or more instead meet at a barrier inside the launch (BARRIER, a cooperative
-launch) and normalise their own chunks. The finishing steps are in finish.py.
+launch); then each split merges and finishes some rows of the block and normalises its own chunks.
+The finishing steps are in finish.py.
 """
 
 from __future__ import annotations
@@ -167,7 +168,8 @@ def mhc_boundary_kernel(streams_ptr, y_ptr, post_ptr, comb_ptr, pre_ptr, fn_ptr,
             # resident), then finishes rows of the block: split j merges rows j, j + n_split, ...
             # on its own (one [NSP, M] load per row) and writes their coefficients, and every split
             # normalises its own chunks. Before, the last split merged the whole block split by
-            # split; before the barrier, it also normalised the whole block's x alone.
+            # split (H200, 16 tokens: 19.8 -> 10.5 us); before the barrier, it also normalised the
+            # whole block's x alone.
             arrive_and_wait(counter + 2 * pid_t, counter + 2 * pid_t + 1, n_split)
             block_rows = tl.minimum(BLOCK_T, T - pid_t * BLOCK_T)
             for r in range(tl.program_id(1), block_rows, n_split):
@@ -274,8 +276,10 @@ class MhcBoundaryLauncher(LauncherBase):
         # the barrier form of the split path: programs wait for each other (never in the
         # interpreter, which runs them one after another). For blocks of 16 rows or more, whose
         # x the last program normalised alone: H200 (session 13) 16 tokens 24.3 -> 19.8 us, 64
-        # tokens 20.3 -> 16.9, 300 tokens 44.9 -> 33.1. Blocks of 1 or 4 rows have a small tail,
-        # and the wait cost more than it saved (1 token 8.5 -> 8.9 us, 4 tokens 17.4 -> 18.1)
+        # tokens 20.3 -> 16.9, 300 tokens 44.9 -> 33.1; with each split finishing rows itself
+        # (session 14, the counter path in the same run 28.4 / 19.4 / 44.9 us): 10.5 / 13.0 / 31.1.
+        # Blocks of 1 or 4 rows have a small tail, and the wait cost more than it saved (1 token
+        # 8.5 -> 8.9 us, 4 tokens 17.4 -> 18.1; since session 14, 2-4 tokens run one-row blocks)
         barrier = cfg.pop("BARRIER", cfg["BLOCK_T"] >= 16) and not interpreting()
         if interpreting():  # the identity of _computed_once is inline PTX
             cfg["ONCE"] = False
