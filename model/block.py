@@ -19,7 +19,7 @@ from torch import nn
 
 from dsflash.model.attention import CSA2Attention
 from dsflash.model.engram import Engram
-from dsflash.model.mhc import hc_collapse, hc_mixes
+from dsflash.model.mhc import hc_collapse, hc_mixes, n_mixes
 from dsflash.model.moe import MoE
 from dsflash.model.norm_rope import RMSNorm
 
@@ -29,7 +29,7 @@ class Block(nn.Module):
         super().__init__()
         self.cfg, self.layer, self.ops = cfg, layer, ops
         c, e = cfg.hc_mult, cfg.hidden_size
-        n_mix = (2 + c) * c
+        n_mix = n_mixes(c)
         self.attn_norm = RMSNorm(e, cfg.rms_norm_eps)
         self.ffn_norm = RMSNorm(e, cfg.rms_norm_eps)
         self.attn = CSA2Attention(cfg, layer, ops)

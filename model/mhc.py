@@ -16,11 +16,12 @@ from dsflash.plugins.mhc_boundary.reference import (
     hc_collapse,
     hc_post,
     mhc_boundary,
+    n_mixes,
     sinkhorn,
     split_mixes,
 )
 
-__all__ = ["hc_collapse", "hc_mixes", "hc_post", "mhc_boundary", "sinkhorn", "split_mixes"]
+__all__ = ["hc_collapse", "hc_mixes", "hc_post", "mhc_boundary", "n_mixes", "sinkhorn", "split_mixes"]
 
 
 def hc_mixes(streams_BSCE: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,

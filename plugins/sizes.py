@@ -15,6 +15,8 @@ import torch
 
 from dsflash.plugins.aot import cdiv_expr as cdiv
 
+H200_SMS = 132  # streaming multiprocessors of the H200 the exported split attributes are tuned for
+
 
 class SizeOps(NamedTuple):
     cdiv: Callable

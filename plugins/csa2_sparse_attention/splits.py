@@ -15,13 +15,10 @@ from __future__ import annotations
 
 from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.launch import next_pow2
-from dsflash.plugins.sizes import TORCH_SIZES, SizeOps, trt_sizes
+from dsflash.plugins.sizes import H200_SMS, TORCH_SIZES, SizeOps, trt_sizes
 
-__all__ = ["TORCH_SIZES", "SizeOps", "default_split_target", "export_attrs", "key_blocks", "launch_config",
-           "max_splits", "split_plan", "trt_sizes"]
-
-H200_SMS = 132  # streaming multiprocessors of the H200 the exported attribute is tuned for
-
+__all__ = ["H200_SMS", "TORCH_SIZES", "SizeOps", "default_split_target", "export_attrs", "key_blocks",
+           "launch_config", "max_splits", "split_plan", "trt_sizes"]
 
 def launch_config(heads: int, dim: int, ieee: bool) -> dict:
     """Block sizes and warps of csa2_sparse_attention_kernel, shared by the JIT launch, the AOT

@@ -30,8 +30,10 @@ from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.coresident import arrive_and_wait, resident_programs
 from dsflash.plugins.launch import (LauncherBase, check_device, check_dtype, check_shape, interpreting,
                                     next_pow2, require)
+from dsflash.plugins.mhc_boundary import splits
 from dsflash.plugins.mhc_boundary.finish import (cluster_finish, finish_block, load_site, next_coefficients,
                                                  normalise_chunks, normalise_rows, total_sumsq_x)
+from dsflash.plugins.mhc_boundary.reference import n_mixes
 
 
 @triton.jit
@@ -205,7 +207,7 @@ def check_mix_inputs(op: str, streams, y, post, comb, pre, fn) -> None:
     b, s, c, e = streams.shape
     require(c in (1, 2, 4, 8), f"{op}: hc_mult {c} is not one of 1, 2, 4, 8 (the kernel tiles streams)")
     for name, t, shp in (("y", y, (b, s, e)), ("post", post, (b, s, c)), ("comb", comb, (b, s, c, c)),
-                         ("pre", pre, (b, s, c)), ("fn", fn, ((2 + c) * c, c * e))):
+                         ("pre", pre, (b, s, c)), ("fn", fn, (n_mixes(c), c * e))):
         check_shape(op, name, t, shp)
     check_dtype(op, "streams", streams, (torch.float32, torch.bfloat16, torch.float16))
     require(y.dtype == streams.dtype, f"{op}: y is {y.dtype}, streams are {streams.dtype}")
@@ -225,7 +227,7 @@ def check_site(op: str, n_mix: int, hidden: int, base, scale, norm_weight, iters
 def _check(streams, y, post, comb, pre, fn, base, scale, norm_weight, iters):
     check_mix_inputs("MhcBoundary", streams, y, post, comb, pre, fn)
     c, e = streams.shape[2], streams.shape[3]
-    check_site("MhcBoundary", (2 + c) * c, e, base, scale, norm_weight, iters)
+    check_site("MhcBoundary", n_mixes(c), e, base, scale, norm_weight, iters)
 
 
 class MhcBoundaryLauncher(LauncherBase):
@@ -262,7 +264,7 @@ class MhcBoundaryLauncher(LauncherBase):
         _check(streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next, base_next, scale_next,
                norm_weight, iters)
         b, s, c, e = streams_BSCE.shape
-        tokens, n_mix = b * s, (2 + c) * c
+        tokens, n_mix = b * s, n_mixes(c)
         dev = streams_BSCE.device
         new = torch.empty_like(streams_BSCE)
         x = torch.empty(b, s, e, dtype=streams_BSCE.dtype, device=dev)
@@ -344,11 +346,11 @@ def launch_config(tokens: int, hc: int, hidden: int, dtype: torch.dtype) -> dict
     # (session 14, 4 tokens): 17.0 us as one block of 4 rows, 13.5 us as 4 blocks of one row; at 16
     # tokens one row per program was slower (31.8 against 19.2 us as one block behind the barrier)
     block_t = 1 if tokens <= 4 else 16 if few else 32 if fp32 else 64
-    block_e = min(32, next_pow2(hidden, 16))
+    block_e = splits.chunk_width(hidden)
     # the RMSNorm pass of x: tiles of 4K values at decode; 16K for row blocks, where that pass is
     # each program's tail (8,192 tokens, session 8: 453 us at 4K, 446 at 8K, 430 at 16K)
     norm_e = min(next_pow2(hidden), max(block_e, (4096 if few else 16384) // block_t))
-    cfg = dict(BLOCK_T=block_t, BLOCK_E=block_e, NORM_E=norm_e, MP=next_pow2((2 + hc) * hc, 16),
+    cfg = dict(BLOCK_T=block_t, BLOCK_E=block_e, NORM_E=norm_e, MP=next_pow2(n_mixes(hc), 16),
                IEEE=fp32, ONCE=block_t >= 16, num_warps=4)
     if not (few or fp32):  # four buffers of the pipelined loads (Triton's default: three)
         cfg["num_stages"] = 4

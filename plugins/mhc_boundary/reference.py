@@ -55,12 +55,23 @@ def mhc_boundary(streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next, bas
     """-> (new streams, next sublayer input, next pre, next post, next comb)."""
     new = hc_post(streams_BSCE, y_BSE, post_BSC, comb_BSCC)
     flat = f32(new).flatten(-2)
-    acc = flat @ f32(fn_next).t()
-    rstd = torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + rms_eps)
-    pre, post, comb = split_mixes(acc * rstd, base_next, scale_next, new.shape[-2], iters, hc_eps)
-    x = f32(hc_collapse(new, pre_BSC))
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + rms_eps) * f32(norm_weight)
-    return new, cast(x, streams_BSCE.dtype), pre, post, comb
+    x_raw = hc_collapse(new, pre_BSC)
+    x = f32(x_raw)
+    sums = torch.stack((flat.pow(2).sum(-1), x.pow(2).sum(-1)), dim=-1)
+    return (new, *finish_from_sums(flat @ f32(fn_next).t(), sums, x_raw, base_next, scale_next, norm_weight,
+                                   new.shape[-2], iters, hc_eps, rms_eps))
+
+
+def finish_from_sums(mixes_BSM, sums_BS2, x_raw_BSE, base_next, scale_next, norm_weight, hc: int, iters: int,
+                     hc_eps: float, rms_eps: float):
+    """The boundary's finish from its complete sums (the one-node op's, or the split form's added
+    up): the mixes scaled by the rms of R, the next coefficients, and RMSNorm of x.
+    sums_BS2: (sum R^2 over the C * E values, sum x^2 over E). -> (x, pre, post, comb)."""
+    e = x_raw_BSE.shape[-1]
+    rstd = torch.rsqrt(sums_BS2[..., :1] / (hc * e) + rms_eps)
+    pre, post, comb = split_mixes(mixes_BSM * rstd, base_next, scale_next, hc, iters, hc_eps)
+    x = f32(x_raw_BSE) * torch.rsqrt(sums_BS2[..., 1:] / e + rms_eps) * f32(norm_weight)
+    return cast(x, x_raw_BSE.dtype), pre, post, comb
 
 
 def shape(streams, y, post, comb, pre, fn, base, scale, norm_weight, iters, hc_eps, rms_eps):
@@ -88,10 +99,15 @@ def mhc_boundary_partials(streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_
     return new, x_raw, torch.stack(mixes), torch.stack(sums)
 
 
+def n_mixes(hc: int) -> int:
+    """The mixes a site projects onto: C for pre, C for post, C * C for comb."""
+    return (2 + hc) * hc
+
+
 def hc_from_mixes(n_mix: int) -> int:
     """C from the (2 + C) * C mixes of a site."""
     c = math.isqrt(n_mix + 1) - 1
-    if c < 1 or (2 + c) * c != n_mix:
+    if c < 1 or n_mixes(c) != n_mix:
         raise ValueError(f"MhcBoundaryFinish: {n_mix} mixes is not (2 + C) * C for any hc_mult C")
     return c
 
@@ -100,12 +116,8 @@ def mhc_boundary_finish(x_raw_BSE, mixes_PBSM, sums_PBS2, base_next, scale_next,
                         hc_eps: float, rms_eps: float):
     """The split form's second half: the splits' partials summed, then what mhc_boundary does with
     the totals. -> (next sublayer input, next pre, next post, next comb)."""
-    c, e = hc_from_mixes(mixes_PBSM.shape[-1]), x_raw_BSE.shape[-1]
-    acc, sums = f32(mixes_PBSM).sum(0), f32(sums_PBS2).sum(0)
-    rstd = torch.rsqrt(sums[..., :1] / (c * e) + rms_eps)
-    pre, post, comb = split_mixes(acc * rstd, base_next, scale_next, c, iters, hc_eps)
-    x = f32(x_raw_BSE) * torch.rsqrt(sums[..., 1:] / e + rms_eps) * f32(norm_weight)
-    return cast(x, x_raw_BSE.dtype), pre, post, comb
+    return finish_from_sums(f32(mixes_PBSM).sum(0), f32(sums_PBS2).sum(0), x_raw_BSE, base_next, scale_next,
+                            norm_weight, hc_from_mixes(mixes_PBSM.shape[-1]), iters, hc_eps, rms_eps)
 
 
 def partials_shape(streams, y, post, comb, pre, fn, block_e, split_target):

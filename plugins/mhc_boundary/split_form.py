@@ -29,7 +29,7 @@ from dsflash.plugins.mhc_boundary.kernel import (
     launch_config,
     mhc_boundary_kernel,
 )
-from dsflash.plugins.mhc_boundary.reference import hc_from_mixes
+from dsflash.plugins.mhc_boundary.reference import hc_from_mixes, n_mixes
 
 
 @triton.jit
@@ -76,7 +76,7 @@ def mhc_boundary_partials(streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_
     op = "MhcBoundaryPartials"
     check_mix_inputs(op, streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next)
     b, s, c, e = streams_BSCE.shape
-    tokens, n_mix = b * s, (2 + c) * c
+    tokens, n_mix = b * s, n_mixes(c)
     per, n_split = splits.split_plan(tokens, e, block_e, split_target)
     new = torch.empty_like(streams_BSCE)
     x_raw = torch.empty(b, s, e, dtype=streams_BSCE.dtype, device=streams_BSCE.device)

@@ -20,6 +20,7 @@ from dsflash.plugins.aot import AotKernel, AotLaunch, cdiv_expr, compile_ptx, co
 from dsflash.plugins.declaration import DOMAIN
 from dsflash.plugins.mhc_boundary import kernel
 from dsflash.plugins.mhc_boundary.decl import DECL
+from dsflash.plugins.mhc_boundary.reference import n_mixes
 
 
 def kernel_signature(dtype: torch.dtype) -> dict:
@@ -35,7 +36,7 @@ def kernel_signature(dtype: torch.dtype) -> dict:
 def kernel_constants(cfg: dict, hc: int, hidden: int, iters: int, hc_eps: float, rms_eps: float,
                      split: bool, n_split_p2: int) -> dict:
     """The kernel's compile-time constants for a launch_config (less its launch options)."""
-    return dict(C=hc, E=hidden, M=(2 + hc) * hc, ITERS=int(iters), HC_EPS=float(hc_eps),
+    return dict(C=hc, E=hidden, M=n_mixes(hc), ITERS=int(iters), HC_EPS=float(hc_eps),
                 RMS_EPS=float(rms_eps), SPLIT=split, NSP=n_split_p2,
                 **{k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")})
 
@@ -89,7 +90,7 @@ def cluster_fits(hc: int, hidden: int, dtype: torch.dtype, block_e: int, ctas: i
     partial sums (finish.cluster_finish)."""
     chunks = -(-hidden // block_e)
     per = -(-chunks // ctas)
-    return (ctas - 1) * per < chunks and per * block_e * dtype.itemsize >= ((2 + hc) * hc + 2) * 4
+    return (ctas - 1) * per < chunks and per * block_e * dtype.itemsize >= (n_mixes(hc) + 2) * 4
 
 
 def tactics(hc: int, hidden: int, dtype: torch.dtype) -> list[int]:

@@ -17,7 +17,7 @@ from dsflash.plugins.declaration import DOMAIN
 from dsflash.plugins.launch import next_pow2
 from dsflash.plugins.mhc_boundary import kernel, split_form, splits
 from dsflash.plugins.mhc_boundary.decl import FINISH_DECL, PARTIALS_DECL
-from dsflash.plugins.mhc_boundary.reference import hc_from_mixes
+from dsflash.plugins.mhc_boundary.reference import hc_from_mixes, n_mixes
 from dsflash.plugins.mhc_boundary.trt import kernel_constants, kernel_signature
 from dsflash.plugins.sizes import TORCH_SIZES, SizeOps
 
@@ -65,7 +65,7 @@ def finish_kernel(dtype: torch.dtype, hc: int, hidden: int, iters: int, hc_eps: 
     if tactic not in FINISH_HINTS:
         raise ValueError(f"MhcBoundaryFinish: tactic {tactic} is not one of {finish_tactics()}")
     cfg = split_form.finish_config(FINISH_HINTS[tactic], hidden)
-    n_mix = (2 + hc) * hc
+    n_mix = n_mixes(hc)
     consts = dict(C=hc, E=hidden, M=n_mix, MP=next_pow2(n_mix, 16),
                   ITERS=int(iters), HC_EPS=float(hc_eps), RMS_EPS=float(rms_eps), NSP=splits.MAX_SPLITS,
                   **{k: v for k, v in cfg.items() if k != "num_warps"})
