@@ -102,3 +102,42 @@ def max_sequences(cfg: ModelConfig, budget_bytes: int, context_len: int, fmt: st
     if budget_bytes < 0 or context_len <= 0:
         raise ValueError(f"budget_bytes={budget_bytes} and context_len={context_len} must be positive")
     return budget_bytes // sequence_bytes(cfg, context_len, fmt)
+
+
+def decode_step_bytes(model: nn.Module, cfg: ModelConfig, batch: int, context_len: int,
+                      elem_bytes: int = 2) -> dict[str, int]:
+    """Bytes one decode step of `batch` rows at `context_len` cached tokens must read at least,
+    every tensor in a dtype of `elem_bytes` (the roofline of scripts/bench_decode.py).
+
+    weights: every parameter once, except the embedding and Engram tables (only the rows the
+    batch gathers) and the routed experts (the expected number of distinct experts `batch` rows
+    pick per layer, E(1 - (1 - k/E)^batch), if the router picked uniformly). cache, per row and
+    layer: the window ring (W rows); for compressed layers the selected entries (min(topk,
+    visible)); for Full and Reindex layers the index keys they score: all visible entries of the
+    source, or the candidate pool's blocks where a Reindex layer uses it."""
+    weights = 0
+    e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    distinct = e * (1 - (1 - k / e) ** batch) if e else 0.0
+    for name, p in model.named_parameters():
+        if name == "embed.weight":
+            weights += min(batch, p.shape[0]) * p.shape[1]
+        elif ".engram.embed." in name:
+            weights += min(batch * cfg.engram_heads_total, p.shape[0]) * p.shape[1]
+        elif ".ffn.experts." in name:
+            weights += p.numel() * distinct / e
+        else:
+            weights += p.numel()
+    d, j, w = cfg.head_dim, cfg.index_head_dim, cfg.sliding_window
+    per_row = 0
+    for layer, role in enumerate(cfg.layer_roles):
+        per_row += min(w, context_len) * d
+        if role == "window":
+            continue
+        visible = context_len // cfg.layer_ratio(layer)
+        per_row += min(cfg.index_topk, visible) * d
+        if role == "full":
+            per_row += visible * j
+        elif role == "reindex":
+            pool = cfg.candidate_topk_blocks * cfg.candidate_block_size
+            per_row += (min(pool, visible) if cfg.uses_candidate_pool(layer) else visible) * j
+    return {"weights": round(weights * elem_bytes), "cache": batch * per_row * elem_bytes}

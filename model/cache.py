@@ -118,12 +118,32 @@ class ModelCache:
         device = self.seq_len.device
         if slots is None:
             return torch.arange(self.batch, device=device)
-        idx = torch.as_tensor(slots, dtype=torch.int64, device=device).reshape(-1)
-        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.batch):
-            raise ValueError(f"slot ids {idx.tolist()} outside [0, {self.batch})")
-        if idx.unique().numel() != idx.numel():
-            raise ValueError(f"slot ids {idx.tolist()} contain duplicates")
-        return idx
+        if isinstance(slots, torch.Tensor):
+            slots = slots.reshape(-1).tolist()
+        ids = check_slot_ids(slots, self.batch)  # on the host: no device round trip per step
+        return torch.tensor(ids, dtype=torch.int64, device=device)
+
+    def slot_run(self, slots) -> slice | None:
+        """slots as a slice when they are one ascending run (e.g. [2, 3, 4]), else None."""
+        ids = check_slot_ids(slots, self.batch)
+        if ids and ids == list(range(ids[0], ids[0] + len(ids))):
+            return slice(ids[0], ids[0] + len(ids))
+        return None
+
+    def views(self, run: slice) -> dict[str, torch.Tensor]:
+        """The state of a run of slots without a copy: views into the pools, which `write`
+        later updates in place (a caller that keeps them sees the new state)."""
+        return {k: (v[:, run] if k == "swa_kv" else v[run]) for k, v in self.tensors.items()}
+
+    def move_slot(self, src: int, dst: int) -> None:
+        """Copy slot src's whole state into slot dst (one slot's bytes; the runtime compacts its
+        running sequences into the lowest slots with it)."""
+        check_slot_ids([src, dst], self.batch)
+        for k, v in self.tensors.items():
+            if k == "swa_kv":
+                v[:, dst] = v[:, src]
+            else:
+                v[dst] = v[src]
 
     def reset(self, slots=None) -> None:
         """Empty the given slots (stale values in rings and entries are masked by seq_len)."""
@@ -152,21 +172,15 @@ class ModelCache:
         pos = adds["pos"]  # [b, S]
         keep = min(rows.shape[2], w)  # only the last W rows can survive in the ring
         ring_slot = (pos[:, -keep:] % w)
-        for li in range(rows.shape[0]):
-            ring = t["swa_kv"][first + li]
-            sub = ring[idx]
-            sub.scatter_(1, ring_slot.unsqueeze(-1).expand(-1, -1, rows.shape[-1]),
-                         rows[li, :, -keep:].to(sub.dtype))
-            ring[idx] = sub
+        # every decoder-side layer's ring at once: one indexed write of [Lr, b, keep, D] rows
+        # (ring slots of the last keep <= W positions are distinct, so no two writes collide)
+        swa = t["swa_kv"]
+        layer = torch.arange(first, first + rows.shape[0], device=swa.device).view(-1, 1, 1)
+        swa[layer, idx.view(1, -1, 1), ring_slot.unsqueeze(0)] = rows[:, :, -keep:].to(swa.dtype)
         for src in self.cfg.kv_source_layer_ids:
             if f"group.{src}" not in adds:
                 continue
-            group = adds[f"group.{src}"]
-            b_i, s_i = torch.nonzero(group >= 0, as_tuple=True)
-            g = group[b_i, s_i]
-            t[f"kv.{src}"][idx[b_i], g] = adds[f"kv.{src}"][b_i, s_i].to(t[f"kv.{src}"].dtype)
-            t[f"index_k.{src}"][idx[b_i], g] = adds[f"index_k.{src}"][b_i, s_i].to(
-                t[f"index_k.{src}"].dtype)
+            self._write_entries(src, adds, idx)
             if f"comp_kv.{src}" in t:
                 t[f"comp_kv.{src}"][idx] = adds[f"comp_kv.{src}"]
                 t[f"comp_score.{src}"][idx] = adds[f"comp_score.{src}"]
@@ -174,3 +188,29 @@ class ModelCache:
         t["seq_len"][idx] = adds["seq_len"]
         if "replay_start" in adds:
             t["replay_start"][idx] = adds["replay_start"]
+
+    def _write_entries(self, src: int, adds: dict, idx: torch.Tensor) -> None:
+        """Compressed entries of KV source src at the groups the step completed (group >= 0)."""
+        group = adds[f"group.{src}"]  # [b, S]
+        pools = [(self.tensors[f"{kind}.{src}"], adds[f"{kind}.{src}"]) for kind in ("kv", "index_k")]
+        if group.shape[1] == 1:
+            # a decode step: one row per slot, so no two writes collide; a row that completes no
+            # group writes back what its slot holds at entry 0 (no host round trip to find rows)
+            done, g = group >= 0, group[:, 0].clamp_min(0)
+            for pool, new in pools:
+                pool[idx, g] = torch.where(done, new[:, 0].to(pool.dtype), pool[idx, g])
+            return
+        b_i, s_i = torch.nonzero(group >= 0, as_tuple=True)
+        for pool, new in pools:
+            pool[idx[b_i], group[b_i, s_i]] = new[b_i, s_i].to(pool.dtype)
+
+
+def check_slot_ids(slots, batch: int) -> list[int]:
+    """Slot ids as a list of ints, each in [0, batch) and none twice; a clear error otherwise."""
+    ids = [int(s) for s in (slots if isinstance(slots, (list, tuple, range)) else [slots])]
+    bad = [s for s in ids if not 0 <= s < batch]
+    if bad:
+        raise ValueError(f"slot ids {ids} outside [0, {batch})")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"slot ids {ids} contain duplicates")
+    return ids

@@ -36,6 +36,19 @@ def check_device(op: str, **tensors: torch.Tensor) -> None:
             raise ValueError(f"{op}: {name} is on {t.device}, the kernel needs {want} tensors{hint}")
 
 
+def check_interpreter_dot(op: str, **tensors: torch.Tensor) -> None:
+    """Under the interpreter, no bf16 operands for a kernel whose products use tl.dot: the
+    interpreter computes bf16 dot products wrongly (CPU, triton 3.6: Csa2SparseAttention gave
+    values near 8e8 for outputs of magnitude ~1, Csa2IndexScore 2.5e10), so the launch refuses
+    them rather than return garbage. fp32 runs correctly there; bf16 runs on a GPU."""
+    if not interpreting():
+        return
+    for name, t in tensors.items():
+        if t.dtype == torch.bfloat16:
+            raise ValueError(f"{op}: {name} is bfloat16, which the Triton interpreter cannot "
+                             "multiply correctly; use float32 on the CPU, or bfloat16 on a GPU")
+
+
 def check_shape(op: str, name: str, t: torch.Tensor, shape: tuple) -> None:
     """`shape` entries of None match anything."""
     got = t.shape

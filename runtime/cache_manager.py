@@ -1,18 +1,21 @@
 """CacheManager: the contract's pools for B slots x capacity C (PIPELINE.md §3, §5).
 
-It hands slots to sequences and frees them, feeds engines the state of a set of slots, writes a
-step's additions in place (ring slots, compressed entries where a group completed, compressor
-state, lookback ids, seq_len, replay start) and reports bytes. The pools are allocated once;
-nothing grows while serving.
+It hands slots to sequences (the lowest free one first), frees and moves them, feeds engines the
+state of a set of slots (views of the pools when the slots are one run, so a decode step copies no
+state), writes a step's additions in place (ring slots, compressed entries where a group
+completed, compressor state, lookback ids, seq_len, replay start) and reports bytes. The pools are
+allocated once; nothing grows while serving.
 """
 
 from __future__ import annotations
+
+import heapq
 
 import torch
 
 from dsflash.export.graphs import additions_for_cache
 from dsflash.model.accounting import global_kv_bytes_per_token, max_sequences, per_sequence_bytes
-from dsflash.model.cache import ModelCache
+from dsflash.model.cache import ModelCache, check_slot_ids
 from dsflash.model.config import ModelConfig
 
 
@@ -21,7 +24,10 @@ class CacheManager:
                  dtype: torch.dtype = torch.float32):
         self.cfg, self.capacity = cfg, capacity
         self.cache = ModelCache.allocate(cfg, slots, capacity, device, dtype)
-        self._free = list(range(slots))[::-1]
+        self._free = list(range(slots))  # a heap: acquire hands out the lowest free slot
+        # tokens per slot, mirrored on the host so the room check needs no device round trip
+        self._lens = [0] * slots
+        self._index: dict[tuple, torch.Tensor] = {}
 
     @property
     def slots(self) -> int:
@@ -34,29 +40,75 @@ class CacheManager:
     def acquire(self) -> int:
         if not self._free:
             raise RuntimeError(f"all {self.slots} cache slots are in use")
-        slot = self._free.pop()
+        slot = heapq.heappop(self._free)
         self.cache.reset([slot])
+        self._lens[slot] = 0
         return slot
 
     def release(self, slot: int) -> None:
         if not 0 <= slot < self.slots or slot in self._free:
             raise ValueError(f"slot {slot} is not in use (slots: {self.slots})")
         self.cache.reset([slot])
-        self._free.append(slot)
+        self._lens[slot] = 0
+        heapq.heappush(self._free, slot)
+
+    def lowest_free(self) -> int | None:
+        return self._free[0] if self._free else None
+
+    def move(self, src: int, dst: int) -> None:
+        """Move the sequence in slot src to the free slot dst (one slot's state copied once);
+        src is free afterwards."""
+        if src in self._free or not 0 <= src < self.slots:
+            raise ValueError(f"slot {src} is not in use (slots: {self.slots})")
+        if dst not in self._free:
+            raise ValueError(f"slot {dst} is not free")
+        self._free.remove(dst)
+        heapq.heapify(self._free)
+        self.cache.move_slot(src, dst)
+        self._lens[dst] = self._lens[src]
+        self.release(src)
+
+    def sync_lengths(self) -> None:
+        """Reload the host's copy of every slot's length from the pools (one device round trip),
+        after state was put into the pools directly (a restored or synthetic cache)."""
+        self._lens = [int(n) for n in self.cache.seq_len.tolist()]
 
     def seq_len(self, slot: int) -> int:
         return int(self.cache.seq_len[slot])
 
+    def in_place(self, slots: list[int]) -> bool:
+        """Whether `feeds` hands out views of the pools for these slots (one ascending run)
+        rather than a gathered copy; an engine may then read them in place across calls."""
+        return self.cache.slot_run(slots) is not None
+
     def feeds(self, slots: list[int], input_names: list[str], ids: torch.Tensor) -> dict:
-        idx = self.cache.slot_index(slots)
-        self.cache.check_room(idx, ids.shape[1])
-        state = self.cache.gather(idx)
+        """The graph inputs of a step for `slots`: views of the pools when the slots are one
+        ascending run (the generator keeps its running sequences in the lowest slots, so a
+        decode step copies no state), else the gathered state of the slots."""
+        slots = check_slot_ids(slots, self.slots)
+        need = max((self._lens[s] for s in slots), default=0) + ids.shape[1]
+        if need > self.capacity:
+            raise ValueError(f"sequence would reach {need} tokens, over the cache capacity "
+                             f"{self.capacity}")
+        run = self.cache.slot_run(slots)
+        state = self.cache.views(run) if run is not None else self.cache.gather(self._slot_index(slots))
         ids = ids.to(state["seq_len"].device)  # the pools' device (the generator builds ids on the host)
         return {n: (ids if n == "ids" else state[n]) for n in input_names}
 
     def write(self, graph: str, slots: list[int], outputs: dict, seq_len_before: torch.Tensor) -> None:
-        idx = self.cache.slot_index(slots)
-        self.cache.write(additions_for_cache(self.cfg, graph, outputs, seq_len_before), idx)
+        adds = additions_for_cache(self.cfg, graph, outputs, seq_len_before)
+        self.cache.write(adds, self._slot_index(slots))
+        rows = outputs["new_swa_rows"].shape[2]
+        for s in slots:
+            self._lens[s] += rows
+
+    def _slot_index(self, slots: list[int]) -> torch.Tensor:
+        key = tuple(slots)
+        if key not in self._index:  # a few batch compositions recur: no host-to-device copy each step
+            if len(self._index) >= 64:
+                self._index.clear()
+            self._index[key] = self.cache.slot_index(slots)
+        return self._index[key]
 
     def bytes_report(self, fmt: str = "released") -> dict:
         """Global KV per token, per-sequence constants, and what this manager holds."""

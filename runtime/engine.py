@@ -1,5 +1,7 @@
-"""Engines: one graph each, `run(inputs) -> outputs` with the contract's tensor names
-(PIPELINE.md §5). The orchestration code does not know which backend it drives.
+"""Engines: one graph each, `run(inputs, resident=()) -> outputs` with the contract's tensor
+names (PIPELINE.md §5). The orchestration code does not know which backend it drives.
+`resident` names inputs that are views of long-lived buffers (the cache pools) which an engine may
+read in place across calls; the TorchEngine's CUDA graphs use it, the others need no copy anyway.
 
   TorchEngine  the reference model's graph function (GraphModule), CPU or GPU; on the GPU
                optionally with the Triton kernels (ops="triton") and the decode step replayed
@@ -27,7 +29,7 @@ class Engine(Protocol):
     input_names: list[str]
     output_names: list[str]
 
-    def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+    def run(self, inputs: dict[str, torch.Tensor], resident=()) -> dict[str, torch.Tensor]: ...
 
 
 def _check_feeds(engine, inputs: dict) -> None:
@@ -64,11 +66,14 @@ class TorchEngine:
             raise ValueError(f"{graph}: the model's I/O differs from the contract")
 
     @torch.no_grad()
-    def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def run(self, inputs: dict[str, torch.Tensor], resident=()) -> dict[str, torch.Tensor]:
         _check_feeds(self, inputs)
-        one_row = inputs["ids"].shape[1] == 1
-        step = self._graphed if self._graphed is not None and one_row else self.module
-        outs = step(*(inputs[n] for n in self.input_names))
+        tensors = [inputs[n] for n in self.input_names]
+        if self._graphed is not None and inputs["ids"].shape[1] == 1:
+            at = [i for i, n in enumerate(self.input_names) if n in set(resident)]
+            outs = self._graphed(*tensors, resident=at)
+        else:
+            outs = self.module(*tensors)
         return dict(zip(self.output_names, outs))
 
 
@@ -93,11 +98,12 @@ class OrtEngine:
             raise RuntimeError(f"{graph}: ONNX Runtime did not enable the CUDA provider (installed: "
                                f"{self.session.get_providers()}); is onnxruntime-gpu installed?")
 
-    def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def run(self, inputs: dict[str, torch.Tensor], resident=()) -> dict[str, torch.Tensor]:
         _check_feeds(self, inputs)
         if self.on_cuda:
             return self._run_bound(inputs)
-        feeds = {n: inputs[n].detach().cpu().numpy() for n in self.input_names}
+        # contiguous: a run of cache slots is a strided view of the window rings
+        feeds = {n: inputs[n].detach().cpu().contiguous().numpy() for n in self.input_names}
         outs = self.session.run(self.output_names, feeds)
         return {n: torch.from_numpy(np.asarray(v)) for n, v in zip(self.output_names, outs)}
 

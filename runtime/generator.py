@@ -4,7 +4,9 @@ Each `step()`: admit waiting requests into free slots and prefill them one at a 
 encoder_prefill on all but the last W prompt rows, then decoder_step on the tail; or exact), which
 yields each one's first token; then decode every running request in one batch (ragged lengths:
 each slot has its own seq_len). Tokens stream out as events; a request finishes on a stop token,
-a stop string or max_new_tokens, and its slot is freed at once.
+a stop string or max_new_tokens, and its slot is freed at once. Running sequences are kept in the
+lowest slots (a sequence above a freed slot moves down once), so a decode batch is one run of
+slots whose state the engines read in place.
 """
 
 from __future__ import annotations
@@ -72,13 +74,15 @@ class Generator:
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[TokenEvent]:
         events: list[TokenEvent] = []
+        self._compact()
         admitted = 0
         while self.waiting and self.cache.free_slots and admitted < self.prefills_per_step:
             req = self.waiting.popleft()
             events.append(self._prefill(req))
             admitted += 1
-        batch = [r for r in self.running.values() if r.state == "decoding" and r.request_id not in
-                 {e.request_id for e in events}]
+        admitted_ids = {e.request_id for e in events}
+        batch = sorted((r for r in self.running.values() if r.state == "decoding"
+                        and r.request_id not in admitted_ids), key=lambda r: r.slot)
         if batch:
             events += self._decode(batch)
         return events
@@ -93,10 +97,24 @@ class Generator:
         return self.requests
 
     # ------------------------------------------------------------------ graph calls
+    def _compact(self) -> None:
+        """Keep the running sequences in the lowest slots: while a free slot lies below the
+        highest running one, move that sequence down (its state is copied once). A decode batch
+        is then one run of slots, which the cache feeds as views, so steps copy no state."""
+        while self.running:
+            top = max(self.running.values(), key=lambda r: r.slot)
+            low = self.cache.lowest_free()
+            if low is None or low > top.slot:
+                return
+            self.cache.move(top.slot, low)
+            log.debug("request %d moved from slot %d to %d", top.request_id, top.slot, low)
+            top.slot = low
+
     def _call(self, graph: str, slots: list[int], ids: torch.Tensor) -> dict:
         engine = self.engines[graph]
         feeds = self.cache.feeds(slots, engine.input_names, ids)
-        outputs = engine.run(feeds)
+        resident = [n for n in engine.input_names if n != "ids"] if self.cache.in_place(slots) else ()
+        outputs = engine.run(feeds, resident=resident)
         self.cache.write(graph, slots, outputs, feeds["seq_len"])
         return outputs
 
@@ -115,6 +133,7 @@ class Generator:
     def _decode(self, batch: list[Request]) -> list[TokenEvent]:
         ids = torch.tensor([[r.tokens[-1]] for r in batch], dtype=torch.int64)
         logits = self._call("decoder_step", [r.slot for r in batch], ids)["logits"]
+        logits = logits.detach().float().cpu()  # one copy to the host for the whole batch
         return [self._accept(r, logits[i]) for i, r in enumerate(batch)]
 
     def _accept(self, req: Request, logits_V: torch.Tensor) -> TokenEvent:

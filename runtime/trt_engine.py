@@ -78,8 +78,8 @@ class TrtEngine:
     def _torch_dtype(self, name: str) -> torch.dtype:
         return torch_dtypes(self._trt)[self._engine.get_tensor_dtype(name)]
 
-    def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        _check_feeds(self, inputs)
+    def run(self, inputs: dict[str, torch.Tensor], resident=()) -> dict[str, torch.Tensor]:
+        _check_feeds(self, inputs)  # resident inputs need nothing here: every call binds addresses
         feeds = {}
         for n in self.input_names:
             t = inputs[n].to(self.device, self._torch_dtype(n)).contiguous()

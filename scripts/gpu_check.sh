@@ -2,7 +2,8 @@
 # Everything the GPU machine checks, in one script (PIPELINE.md §8): the kernel tests for real
 # (tests/test_kernels.py on CUDA, the gpu-marked tests, among them the AOT kernels run as TensorRT
 # runs them), the AOT compile of every plugin kernel for the flash sizes, and the microbenchmarks
-# (AOT against JIT, then the kernels) (table last; JSON, plot and logs under $OUT).
+# (AOT against JIT, the kernels, then a whole decode step through the runtime) (tables last;
+# JSON, plot and logs under $OUT).
 #   bash scripts/gpu_check.sh [--bench-only | --tests-only] [--quick] [--sweep]
 # (--bench-only skips the tests and the AOT compile: a benchmark rerun after a green check;
 # --tests-only stops after them. On a fresh H200 with a cold Triton cache the tests took 7 min
@@ -28,7 +29,8 @@ fi
 if [ "${1:-}" = "--bench-only" ]; then
   shift
 else
-  python3 -P -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_kernels_gpu.py tests/test_aot_gpu.py tests/test_ort_cuda.py \
+  python3 -P -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_kernels_gpu.py \
+    tests/test_runtime_gpu.py tests/test_aot_gpu.py tests/test_ort_cuda.py \
     -rs --durations=12 2>&1 | tee "$OUT/tests.log"
   tests=${PIPESTATUS[0]}
   python3 scripts/aot_kernels.py --config flash --dtype bf16 --out "$OUT/kernels_flash" 2>&1 | tail -7 \
@@ -38,6 +40,7 @@ if [ "$bench" = 1 ]; then
   python3 scripts/bench_floor.py --out "$OUT" 2>&1 | tail -2 | tee "$OUT/floor.log"
   python3 scripts/bench_aot.py --out "$OUT" 2>&1 | tee "$OUT/bench_aot.log" | grep -v "it/s\]" | tail -10
   python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\]" | tail -36
+  python3 scripts/bench_decode.py --out "$OUT" 2>&1 | tee "$OUT/bench_decode.log" | grep -v "it/s\]" | tail -9
 fi
 echo "gpu tests exit status: $tests"
 exit "$tests"

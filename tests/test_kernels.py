@@ -269,6 +269,19 @@ def test_split_attention_rejects_bad_input(gen):
         attn_kernel.csa2_attention_combine(q, *many, sink)
 
 
+@pytest.mark.skipif(not interpreting(), reason="the interpreter's limit")
+def test_dot_kernels_refuse_bf16_under_the_interpreter(gen):
+    """The interpreter multiplies bf16 wrongly (values ~1e9 for outputs ~1): the launchers that
+    use tl.dot refuse bf16 there with a clear error instead of returning that."""
+    q, kv, idx, win, mask, sink, scale = attention_case(gen, torch.bfloat16, 1, 1, 4, 16, 20, 3, 4)
+    with pytest.raises(ValueError, match="Csa2SparseAttention: q is bfloat16, which the Triton interpreter"):
+        attn_kernel.csa2_sparse_attention(q, kv, idx, win, mask, sink, scale)
+    qi = torch.randn(1, 1, 2, 16, generator=gen).bfloat16()
+    w, k = torch.rand(1, 1, 2, generator=gen), torch.randn(1, 9, 16, generator=gen).bfloat16()
+    with pytest.raises(ValueError, match="Csa2IndexScore: q is bfloat16"):
+        index_kernel.csa2_index_score(qi, w, k, torch.ones(1, 1, 9, dtype=torch.bool))
+
+
 def mhc_args(gen, b, s, c, e, dtype):
     n_mix = (2 + c) * c
     return (torch.randn(b, s, c, e, generator=gen).to(dtype), torch.randn(b, s, e, generator=gen).to(dtype),

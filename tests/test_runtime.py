@@ -191,8 +191,8 @@ def test_torch_engine_graphs_only_one_row_steps(tiny_model, gen):
     engine = TorchEngine(tiny_model, "decoder_step")
     calls = []
 
-    def recording(*tensors):
-        calls.append(tensors[0].shape[1])
+    def recording(*tensors, resident=()):
+        calls.append((tensors[0].shape[1], tuple(resident)))
         return engine.module(*tensors)
 
     engine._graphed = recording
@@ -200,4 +200,8 @@ def test_torch_engine_graphs_only_one_row_steps(tiny_model, gen):
     state = cache.gather(cache.slot_index([0]))
     engine.run({"ids": random_ids(gen, 1, 3, tiny_model.cfg.vocab_size), **state})
     engine.run({"ids": random_ids(gen, 1, 1, tiny_model.cfg.vocab_size), **state})
-    assert calls == [1]
+    # resident inputs by name reach the graphs as positions in the contract's input order
+    engine.run({"ids": random_ids(gen, 1, 1, tiny_model.cfg.vocab_size), **state},
+               resident=["seq_len", "swa_kv"])
+    at = engine.input_names.index
+    assert calls == [(1, ()), (1, (at("swa_kv"), at("seq_len")))]

@@ -25,6 +25,7 @@ from dsflash.plugins.launch import (
     FLOATS,
     check_device,
     check_dtype,
+    check_interpreter_dot,
     check_shape,
     interpreting,
     next_pow2,
@@ -246,6 +247,7 @@ def csa2_index_score(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: torch.Ten
     check_dtype(op, "k", k_BNJ, FLOATS)
     require(q_BSIJ.dtype == k_BNJ.dtype, f"{op}: q is {q_BSIJ.dtype} but k is {k_BNJ.dtype}")
     check_device(op, q=q_BSIJ, w=w_BSI, k=k_BNJ, visible=visible_BSN)
+    check_interpreter_dot(op, q=q_BSIJ, k=k_BNJ)
     return _launch(csa2_index_score_kernel, q_BSIJ, w_BSI, (k_BNJ,), k_BNJ.shape[1], visible_BSN, overrides)
 
 
@@ -269,6 +271,7 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     check_dtype(op, "codes", codes_BNH, (torch.uint8,))
     check_dtype(op, "exps", exps_BNG, (torch.int8,))
     check_device(op, q=q_BSIJ, w=w_BSI, codes=codes_BNH, exps=exps_BNG, visible=visible_BSN)
+    check_interpreter_dot(op, q=q_BSIJ)
     over = dict(overrides or {})
     heads = q_BSIJ.shape[2]
     mma_fits = heads >= 16 and heads == next_pow2(heads)

@@ -25,6 +25,7 @@ from dsflash.plugins.launch import (
     LauncherBase,
     check_device,
     check_dtype,
+    check_interpreter_dot,
     check_shape,
     next_pow2,
     require,
@@ -155,6 +156,7 @@ def _check(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H):
     require(d <= 512, f"{op}: head_dim {d} > 512, the largest the kernel keeps in registers")
     check_device(op, q=q_BSHD, kv=kv_BND, idx=idx_BSK, win_kv=win_kv_BTD, win_mask=win_mask_BST,
                  sink=sink_H)
+    check_interpreter_dot(op, q=q_BSHD)  # kv and win_kv share its dtype
 
 
 class SparseAttentionLauncher(LauncherBase):

@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""A whole decode step through the runtime (PIPELINE.md §8): the cache manager's feeds, the
+decoder_step engine, the cache write and the logits' copy to the host, as the generator runs
+them, for a model with random weights over a synthetic cache of `context` tokens per sequence.
+
+Modes (each after a warm-up, on the same state; the first step's logits are compared):
+  reference      reference ops, eager (the spec)
+  triton         the Triton kernels, eager
+  graph-copy     the kernels in a CUDA graph fed a gathered copy of the state (the runtime before
+                 the in-place cache: every step copied each sequence's whole cache twice, into
+                 the gathered feeds and into the graph's own buffers)
+  graph          the kernels in a CUDA graph that reads the cache pools in place (the runtime now)
+
+Prints ms per step, tokens/s, the ratio to the reference and to graph-copy, and the roofline
+fraction: the bytes a step must read (weights once, the cache it attends to;
+model.accounting.decode_step_bytes) over the device copy bandwidth measured in the same run.
+
+    python3 scripts/bench_decode.py --out gpu_out [--config small] [--batches 1,8,32]
+        [--contexts 4096,131072] [--steps 12] [--modes reference,triton,graph-copy,graph]
+    python scripts/bench_decode.py --device cpu --config tiny --contexts 48 --batches 2 \
+        --modes reference --steps 2 --out /tmp/decode   # the plumbing, on a CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dsflash.model.accounting import decode_step_bytes
+from dsflash.model.config import ModelConfig
+from dsflash.model.model import DSFlashModel
+from dsflash.runtime.cache_manager import CacheManager
+from dsflash.runtime.engine import TorchEngine
+
+MODES = ("reference", "triton", "graph-copy", "graph")
+log = logging.getLogger("bench_decode")
+
+
+def copy_bandwidth_GBps(device: str) -> float:
+    """Read + write bytes per second of a 1 GB device copy (median of 20), the roofline's rate."""
+    src = torch.empty(1 << 29, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return 2 * src.numel() * 2 / statistics.median(times) / 1e9
+
+
+def synthetic_cache(cfg: ModelConfig, batch: int, context: int, steps: int, device: str,
+                    dtype: torch.dtype, seed: int) -> CacheManager:
+    """`batch` sequences of `context` tokens with random state (rings, entries, index keys,
+    compressor state, lookback ids), room for `steps` more tokens each."""
+    cm = CacheManager(cfg, batch, context + steps, device=device, dtype=dtype)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for _ in range(batch):
+        cm.acquire()
+    for t in cm.cache.tensors.values():
+        if t.is_floating_point():
+            t.normal_(generator=gen)
+    cm.cache.tensors["engram_hist"].random_(0, cfg.vocab_size, generator=gen)
+    cm.cache.tensors["seq_len"].fill_(context)
+    cm.cache.tensors["replay_start"].zero_()
+    cm.sync_lengths()
+    return cm
+
+
+def engine_for(model, mode: str) -> TorchEngine:
+    ops = "reference" if mode == "reference" else "triton"
+    return TorchEngine(model, "decoder_step", ops=ops, cuda_graph=mode.startswith("graph"))
+
+
+def run_steps(engine: TorchEngine, cm: CacheManager, mode: str, ids_list: list) -> tuple[list, torch.Tensor]:
+    """Decode steps as the generator makes them; seconds per step and the first step's logits."""
+    slots = list(range(cm.slots))
+    names = engine.input_names
+    times, first = [], None
+    for ids in ids_list:
+        t0 = time.perf_counter()
+        if mode == "graph-copy":
+            state = cm.cache.gather(cm.cache.slot_index(slots))
+            feeds, resident = {n: (ids.to(state["seq_len"].device) if n == "ids" else state[n])
+                               for n in names}, ()
+        else:
+            feeds, resident = cm.feeds(slots, names, ids), names[1:]
+        out = engine.run(feeds, resident=resident)
+        cm.write("decoder_step", slots, out, feeds["seq_len"])
+        logits = out["logits"].float().cpu()  # the generator samples on the host
+        times.append(time.perf_counter() - t0)
+        first = logits if first is None else first
+    return times, first
+
+
+def bench_case(model, cfg, batch: int, context: int, args, bw: float) -> dict:
+    warm, steps = args.warmup, args.steps
+    cm = synthetic_cache(cfg, batch, context, warm + steps, args.device, model.embed.weight.dtype,
+                         args.seed)
+    snapshot = {k: v.clone() for k, v in cm.cache.tensors.items()}
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    ids_list = [torch.randint(0, cfg.vocab_size, (batch, 1), generator=gen) for _ in range(warm + steps)]
+    need = decode_step_bytes(model, cfg, batch, context)
+    res = {"batch": batch, "context": context, "bytes": need, "modes": {}}
+    logits = {}
+    for mode in args.modes:
+        for k, v in cm.cache.tensors.items():
+            v.copy_(snapshot[k])
+        cm.sync_lengths()
+        engine = engine_for(model, mode)
+        times, logits[mode] = run_steps(engine, cm, mode, ids_list)
+        ms = statistics.median(times[warm:]) * 1e3
+        roof_ms = (need["weights"] + need["cache"]) / (bw * 1e9) * 1e3
+        res["modes"][mode] = {"ms": ms, "tokens_per_s": batch / ms * 1e3, "roofline": roof_ms / ms}
+        del engine
+    base = args.modes[-1]
+    for mode, lg in logits.items():
+        res["modes"][mode]["max_abs_logit_diff_vs_" + base] = float((lg - logits[base]).abs().max())
+        res["modes"][mode]["argmax_agrees_" + base] = bool(torch.equal(lg.argmax(-1), logits[base].argmax(-1)))
+    if "graph-copy" in logits and "graph" in logits and not torch.equal(logits["graph-copy"], logits["graph"]):
+        raise AssertionError(f"batch {batch} context {context}: the in-place graph's logits differ "
+                             "from the copying graph's (they run the same kernels on the same state)")
+    return res
+
+
+def table(results: list, modes: list, bw: float) -> str:
+    head = f"| batch | context | {' | '.join(f'{m} ms' for m in modes)} | {modes[-1]} tok/s | "
+    head += "x reference | x graph-copy | roofline |"
+    lines = [f"copy bandwidth {bw:.0f} GB/s", head, "|" + "---:|" * (head.count("|") - 1)]
+    for r in results:
+        ms = r["modes"]
+        best = ms[modes[-1]]
+        ratios = [f"{ms[m]['ms'] / best['ms']:.1f}x" if m in ms else "-" for m in ("reference", "graph-copy")]
+        lines.append(f"| {r['batch']} | {r['context']} | " + " | ".join(f"{ms[m]['ms']:.2f}" for m in modes)
+                     + f" | {best['tokens_per_s']:.0f} | {' | '.join(ratios)} | {best['roofline']:.0%} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--config", default="small", choices=["tiny", "small"])
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--contexts", default="4096,131072")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    args.modes = args.modes.split(",")
+    bad = [m for m in args.modes if m not in MODES]
+    if bad or (args.device == "cpu" and any(m.startswith("graph") for m in args.modes)):
+        ap.error(f"modes {args.modes}: known {MODES}; CUDA graphs need --device cuda")
+    if args.warmup < 1 or args.steps < 1:
+        ap.error("--warmup and --steps must be >= 1")
+    cfg = ModelConfig.preset(args.config)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    model = DSFlashModel(cfg).init_weights(seed=args.seed).eval().to(args.device, dtype)
+    bw = copy_bandwidth_GBps(args.device)
+    cases = [(int(b), int(c)) for c in args.contexts.split(",") for b in args.batches.split(",")]
+    results = [bench_case(model, cfg, b, c, args, bw) for b, c in tqdm(cases, desc="decode cases")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"config": args.config, "dtype": args.dtype, "device": args.device, "copy_GBps": bw,
+            "warmup": args.warmup, "steps": args.steps, "modes": args.modes,
+            "gpu": torch.cuda.get_device_name() if args.device != "cpu" else "cpu"}
+    (out / "bench_decode.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    log.info("%s", table(results, args.modes, bw))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
