@@ -49,8 +49,15 @@ def init_weights(model: nn.Module, seed: int) -> None:
 def save_safetensors(model: nn.Module, path: str | Path) -> None:
     from safetensors.torch import save_file
 
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    state = {k: _own_storage(v.detach().contiguous().cpu()) for k, v in model.state_dict().items()}
     save_file(state, str(path))
+
+
+def _own_storage(t: torch.Tensor) -> torch.Tensor:
+    """safetensors refuses tensors that share memory; the routed experts' weights are views of one
+    stacked tensor per layer (model/moe.py), so those are copied out."""
+    whole = t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    return t if whole else t.clone()
 
 
 @torch.no_grad()

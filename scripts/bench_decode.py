@@ -16,7 +16,7 @@ fraction: the bytes a step must read (weights once, the cache it attends to;
 model.accounting.decode_step_bytes) over the device copy bandwidth measured in the same run.
 
     python3 scripts/bench_decode.py --out gpu_out [--config small] [--batches 1,8,32]
-        [--contexts 4096,131072] [--steps 12] [--modes reference,triton,graph-copy,graph]
+        [--contexts 4096,130048] [--steps 12] [--modes reference,triton,graph-copy,graph]
     python scripts/bench_decode.py --device cpu --config tiny --contexts 48 --batches 2 \
         --modes reference --steps 2 --out /tmp/decode   # the plumbing, on a CPU
 """
@@ -131,6 +131,28 @@ def bench_case(model, cfg, batch: int, context: int, args, bw: float) -> dict:
     return res
 
 
+def profile_graph_step(model, cfg, batch: int, context: int, args, rows: int = 25) -> str:
+    """The GPU kernels of one graphed decode step (torch.profiler over 3 steps): launches per
+    step and the kernels that take the most time, to see where a step goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cm = synthetic_cache(cfg, batch, context, 8, args.device, model.embed.weight.dtype, args.seed)
+    engine = engine_for(model, "graph")
+    ids = [torch.zeros(batch, 1, dtype=torch.int64)] * 3
+    run_steps(engine, cm, "graph", ids)  # capture outside the profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run_steps(engine, cm, "graph", ids)
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    events.sort(key=lambda e: -e.device_time_total)
+    launches = sum(e.count for e in events) / len(ids)
+    total = sum(e.device_time_total for e in events) / len(ids)
+    head = f"graph step, batch {batch}, context {context}: {launches:.0f} kernels, {total / 1e3:.2f} ms"
+    lines = [head + " of kernel time per step", "| kernel | per step | us per step |", "|---|---:|---:|"]
+    lines += [f"| {e.key[:90]} | {e.count / len(ids):.0f} | {e.device_time_total / len(ids):.1f} |"
+              for e in events[:rows]]
+    return "\n".join(lines)
+
+
 def table(results: list, modes: list, bw: float) -> str:
     head = f"| batch | context | {' | '.join(f'{m} ms' for m in modes)} | {modes[-1]} tok/s | "
     head += "x reference | x graph-copy | roofline |"
@@ -149,13 +171,15 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--config", default="small", choices=["tiny", "small"])
     ap.add_argument("--batches", default="1,8,32")
-    ap.add_argument("--contexts", default="4096,131072")
+    ap.add_argument("--contexts", default="4096,130048")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", action="store_true",
+                    help="also list the kernels of one graphed step (first batch and context)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args.modes = args.modes.split(",")
@@ -177,6 +201,10 @@ def main() -> int:
             "gpu": torch.cuda.get_device_name() if args.device != "cpu" else "cpu"}
     (out / "bench_decode.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     log.info("%s", table(results, args.modes, bw))
+    if args.profile:
+        report = profile_graph_step(model, cfg, *cases[0], args)
+        (out / "bench_decode_profile.md").write_text(report + "\n")
+        log.info("%s", report)
     return 0
 
 

@@ -56,3 +56,36 @@ def test_grouped_o_projection_is_each_groups_own_map(tiny_model, gen, rows):
         wa = attn.wo_a.weight.chunk(cfg.o_groups, dim=0)  # group g's rows of wo_a
         z = torch.cat([g @ w.T for g, w in zip(groups, wa, strict=True)], dim=-1)
         assert_close(got, attn.wo_b(z), OP_FP32, f"o-projection, {rows} rows")
+
+
+def test_experts_live_in_one_stacked_tensor_through_conversion_and_loading(tiny_cfg, tmp_path):
+    """The dense dispatch reads the routed experts where they are: each expert's weight is a row
+    of one [E, ...] tensor per layer, after construction, a dtype conversion and a safetensors
+    round trip (which must still write each expert as a tensor of its own)."""
+    from dsflash.model.model import DSFlashModel
+    from dsflash.model.weights import load_safetensors, save_safetensors
+
+    model = DSFlashModel(tiny_cfg).init_weights(seed=5).eval()
+    path = tmp_path / "w.safetensors"
+    save_safetensors(model, path)
+    model = model.to(torch.bfloat16)
+    moe = model.layers[0].ffn
+
+    def rows_of_the_stack():
+        w1, w3, w2 = moe.stacked_weights()
+        for stacked, name in ((w1, "w1"), (w3, "w3"), (w2, "w2")):
+            for i, e in enumerate(moe.experts):
+                assert getattr(e, name).weight.data_ptr() == stacked[i].data_ptr(), (name, i)
+        return w1
+
+    w1 = rows_of_the_stack()
+    assert w1.dtype == torch.bfloat16
+    fresh = DSFlashModel(tiny_cfg).eval().to(torch.bfloat16)
+    load_safetensors(fresh, path)
+    moe = fresh.layers[0].ffn
+    rows_of_the_stack()
+    want = DSFlashModel(tiny_cfg).init_weights(seed=5).eval().layers[0].ffn.experts[1].w3.weight
+    assert torch.equal(moe.experts[1].w3.weight, want.to(torch.bfloat16))
+    # a parameter replaced by assignment is no longer a row: the dispatch stacks afresh
+    moe.experts[0].w1.weight = torch.nn.Parameter(moe.experts[0].w1.weight.detach().clone() + 1)
+    assert torch.equal(moe.stacked_weights()[0][0], moe.experts[0].w1.weight)
