@@ -124,8 +124,10 @@ def bench_case(model, cfg, batch: int, context: int, args, bw: float) -> dict:
     base = args.modes[-1]
     for mode, lg in logits.items():
         res["modes"][mode]["max_abs_logit_diff_vs_" + base] = float((lg - logits[base]).abs().max())
-        res["modes"][mode]["argmax_agrees_" + base] = bool(torch.equal(lg.argmax(-1), logits[base].argmax(-1)))
-    if "graph-copy" in logits and "graph" in logits and not torch.equal(logits["graph-copy"], logits["graph"]):
+        same_argmax = torch.equal(lg.argmax(-1), logits[base].argmax(-1))
+        res["modes"][mode]["argmax_agrees_" + base] = bool(same_argmax)
+    copied, in_place = logits.get("graph-copy"), logits.get("graph")
+    if copied is not None and in_place is not None and not torch.equal(copied, in_place):
         raise AssertionError(f"batch {batch} context {context}: the in-place graph's logits differ "
                              "from the copying graph's (they run the same kernels on the same state)")
     return res

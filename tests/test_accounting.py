@@ -3,6 +3,7 @@ import torch
 
 from dsflash.model.accounting import (
     count_parameters,
+    decode_step_bytes,
     global_kv_bytes_per_token,
     max_sequences,
     per_sequence_bytes,
@@ -46,3 +47,26 @@ def test_flash_parameter_counts_on_meta(flash):
     assert abs(counts.activated_decode_row / 1e9 - 16) < 0.5
     assert abs(counts.activated_prefill_row / 1e9 - 8) < 0.5
     assert counts.activated_prefill_row < counts.activated_decode_row / 1.8
+
+
+def test_decode_step_bytes_by_hand(tiny_cfg):
+    """tiny at 48 cached tokens, bf16. Per row: 8 rings x 8 rows x 32; 7 compressed layers x 4
+    selected x 32; index keys x 16 of Full layer 1 (ratio 2: 24 entries) and Full layer 4 (48),
+    and of Reindex layer 6 only its candidate pool (2 blocks x 4 entries). Weights: everything
+    once but the embedding / Engram tables (the rows gathered) and the routed experts (batch 1
+    picks k = 2 of E = 8: a quarter of them; many rows pick them all)."""
+    with torch.device("meta"):
+        model = DSFlashModel(tiny_cfg)
+    per_row = 8 * 8 * 32 + 7 * 4 * 32 + (24 + 48 + 8) * 16
+    got = decode_step_bytes(model, tiny_cfg, 2, 48)
+    assert got["cache"] == 2 * per_row * 2
+    experts = tables = 0
+    for name, p in model.named_parameters():
+        experts += p.numel() if ".ffn.experts." in name else 0
+        tables += p.numel() if name == "embed.weight" or ".engram.embed." in name else 0
+    rest = sum(p.numel() for p in model.parameters()) - experts - tables
+    rows = tiny_cfg.hidden_size + len(tiny_cfg.engram_layer_ids) * tiny_cfg.engram_heads_total * \
+        tiny_cfg.engram_head_dim
+    assert decode_step_bytes(model, tiny_cfg, 1, 48)["weights"] == round((rest + rows + experts / 4) * 2)
+    many = decode_step_bytes(model, tiny_cfg, 10_000, 48)["weights"]
+    assert many == round(2 * (rest + experts + tables))  # every expert, every table row
