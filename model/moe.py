@@ -85,7 +85,8 @@ class MoE(nn.Module):
         they are. Stacking them per call copied every expert each decode step: 2.4 of the 9.4 ms
         of the small model's graphed step on the H200 (scripts/bench_decode.py --profile,
         2026-12-03). Runs at construction and after every device / dtype conversion (`_apply`
-        gives each parameter storage of its own); loading copies into the views in place."""
+        gives each parameter storage of its own; while it re-stacks, one layer's experts are held
+        twice); loading copies into the views in place."""
         with torch.no_grad():
             for name in ("w1", "w2", "w3"):
                 params = [getattr(e, name).weight for e in self.experts]
