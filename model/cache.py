@@ -133,17 +133,14 @@ class ModelCache:
     def views(self, run: slice) -> dict[str, torch.Tensor]:
         """The state of a run of slots without a copy: views into the pools, which `write`
         later updates in place (a caller that keeps them sees the new state)."""
-        return {k: (v[:, run] if k == "swa_kv" else v[run]) for k, v in self.tensors.items()}
+        return {k: _slots_of(k, v, run) for k, v in self.tensors.items()}
 
     def move_slot(self, src: int, dst: int) -> None:
         """Copy slot src's whole state into slot dst (one slot's bytes; the runtime compacts its
         running sequences into the lowest slots with it)."""
         check_slot_ids([src, dst], self.batch)
         for k, v in self.tensors.items():
-            if k == "swa_kv":
-                v[:, dst] = v[:, src]
-            else:
-                v[dst] = v[src]
+            _slots_of(k, v, dst).copy_(_slots_of(k, v, src))
 
     def reset(self, slots=None) -> None:
         """Empty the given slots (stale values in rings and entries are masked by seq_len)."""
@@ -161,7 +158,7 @@ class ModelCache:
 
     def gather(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """The state of the selected slots (batch axis first except the per-layer ring)."""
-        out = {k: (v[:, idx] if k == "swa_kv" else v[idx]) for k, v in self.tensors.items()}
+        out = {k: _slots_of(k, v, idx) for k, v in self.tensors.items()}
         return out
 
     def write(self, adds: dict, idx: torch.Tensor) -> None:
@@ -193,7 +190,7 @@ class ModelCache:
         """Compressed entries of KV source src at the groups the step completed (group >= 0)."""
         group = adds[f"group.{src}"]  # [b, S]
         pools = [(self.tensors[f"{kind}.{src}"], adds[f"{kind}.{src}"]) for kind in ("kv", "index_k")]
-        if group.shape[1] == 1:
+        if group.shape[1] == 1 and pools[0][0].shape[1] > 0:
             # a decode step: one row per slot, so no two writes collide; a row that completes no
             # group writes back what its slot holds at entry 0 (no host round trip to find rows)
             done, g = group >= 0, group[:, 0].clamp_min(0)
@@ -203,6 +200,12 @@ class ModelCache:
         b_i, s_i = torch.nonzero(group >= 0, as_tuple=True)
         for pool, new in pools:
             pool[idx[b_i], group[b_i, s_i]] = new[b_i, s_i].to(pool.dtype)
+
+
+def _slots_of(name: str, pool: torch.Tensor, index) -> torch.Tensor:
+    """Slots `index` of a state tensor: the slot axis is the second for the per-layer ring
+    (swa_kv [L, B, W, D]) and the first for every other state tensor (state_layout)."""
+    return pool[:, index] if name == "swa_kv" else pool[index]
 
 
 def check_slot_ids(slots, batch: int) -> list[int]:

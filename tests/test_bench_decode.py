@@ -27,7 +27,6 @@ def test_cpu_run_writes_a_case_per_batch_and_context(tmp_path):
     for r in cases.values():
         m = r["modes"]["reference"]
         assert m["ms"] > 0 and m["tokens_per_s"] > 0 and 0 < m["roofline"] < 1
-        assert m["max_abs_logit_diff_vs_reference"] == 0.0  # against itself
     # the cache a step reads grows with the batch and the context
     cache = {key: r["bytes"]["cache"] for key, r in cases.items()}
     assert cache[(3, 40)] > cache[(1, 40)] > cache[(1, 24)]

@@ -137,3 +137,23 @@ def test_sequences_stay_in_the_lowest_slots_and_decode_in_place(tiny_model, gen)
     for rid, p, n in zip(ids, prompts, lengths):
         assert done[rid].tokens == generate(tiny_model, [p], n)[0], rid
     assert g.cache.free_slots == 3
+
+
+def test_a_decode_write_into_pools_without_entries(tiny_cfg, gen):
+    """Capacity 1 leaves a ratio-2 source no entries ([B, 0, D]): a decode step completes no
+    group there, and the write must skip it rather than index entry 0 of an empty pool."""
+    cache = ModelCache.allocate(tiny_cfg, 2, 1)
+    src = tiny_cfg.kv_source_layer_ids[0]
+    assert cache.tensors[f"kv.{src}"].shape[1] == 0
+    d = tiny_cfg.head_dim
+    adds = {"swa_rows": torch.randn(tiny_cfg.num_hidden_layers, 2, 1, d, generator=gen),
+            "swa_first_layer": 0, "pos": torch.zeros(2, 1, dtype=torch.int64),
+            "engram_hist": torch.zeros(2, 3, dtype=torch.int64), "seq_len": torch.ones(2, dtype=torch.int64),
+            f"group.{src}": torch.full((2, 1), -1), f"kv.{src}": torch.randn(2, 1, d, generator=gen),
+            f"index_k.{src}": torch.randn(2, 1, tiny_cfg.index_head_dim, generator=gen)}
+    pending = cache.tensors[f"comp_kv.{src}"].shape[1:]
+    adds[f"comp_kv.{src}"] = torch.randn(2, *pending, generator=gen)
+    adds[f"comp_score.{src}"] = torch.randn(2, *pending, generator=gen)
+    cache.write(adds, torch.tensor([1, 0]))
+    assert torch.equal(cache.seq_len, torch.ones(2, dtype=torch.int64))
+    assert torch.equal(cache.tensors["swa_kv"][:, 1, 0], adds["swa_rows"][:, 0, 0])
