@@ -17,6 +17,7 @@ import torch
 from dsflash.export.contract import graph_inputs
 from dsflash.export.graphs import GraphModule
 from dsflash.model.model import DSFlashModel
+from dsflash.model.moe import export_form
 
 log = logging.getLogger(__name__)
 FLAVORS = ("plugin", "portable")
@@ -74,7 +75,7 @@ def _export_program(model: DSFlashModel, graph: str, flavor: str):
     # (plugins/registry.py)
     model.ops.split_attention = model.ops.split_mhc = flavor == "plugin" and graph == "decoder_step"
     try:
-        with torch.no_grad():
+        with torch.no_grad(), export_form(model):
             program = torch.onnx.export(
                 module, example, None, dynamo=True, input_names=module.input_names,
                 output_names=module.output_names, dynamic_shapes=(dynamic,), optimize=False,

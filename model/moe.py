@@ -9,6 +9,8 @@ hidden activation before w2 (reference model.py order). The shared expert is add
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -77,16 +79,23 @@ class MoE(nn.Module):
         self.shared_experts = (Expert(e, cfg.moe_intermediate_size * cfg.n_shared_experts, limit)
                                if cfg.n_shared_experts else None)
         self._stacked: dict[str, torch.Tensor] = {}
-        self._stack_experts()
+        # set by the ONNX export (export_form below): the graph takes the parameters, stacked
+        # in the graph, and one MatMul over [E*I, H]; a runtime trace (torch.compile) reads the
+        # stack where it is. An explicit flag: torch.compiler.is_exporting() was True under
+        # torch.compile in torch 2.11 (H200, 2026-12-04: the compiled step stacked all 32
+        # experts' w1, w2, w3 on every call, 1.3 of its 4.0 ms)
+        self.for_export = False
+        self.stack_experts()
 
-    def _stack_experts(self) -> None:
+    def stack_experts(self) -> None:
         """Keep the routed experts' w1 / w2 / w3 in one [E, ...] tensor each, every expert's
         parameter a view of its row, so the dense dispatch (CUDA graphs, export) reads them as
         they are. Stacking them per call copied every expert each decode step: 2.4 of the 9.4 ms
         of the small model's graphed step on the H200 (scripts/bench_decode.py --profile,
         2026-12-03). Runs at construction and after every device / dtype conversion (`_apply`
         gives each parameter storage of its own; while it re-stacks, one layer's experts are held
-        twice); loading copies into the views in place."""
+        twice); loading copies into the views in place. torch.compile traces the stack without
+        checking it (runtime/engine.py calls this first)."""
         with torch.no_grad():
             for name in ("w1", "w2", "w3"):
                 params = [getattr(e, name).weight for e in self.experts]
@@ -101,7 +110,7 @@ class MoE(nn.Module):
     def _apply(self, fn, recurse: bool = True):
         out = super()._apply(fn, recurse)
         if not self.dense:
-            self._stack_experts()
+            self.stack_experts()
         return out
 
     def stacked_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -111,9 +120,12 @@ class MoE(nn.Module):
         for name in ("w1", "w3", "w2"):
             params = [getattr(e, name).weight for e in self.experts]
             stacked = self._stacked.get(name)
-            if torch.compiler.is_compiling() or stacked is None or not all(
-                    _is_row(p, stacked, i) for i, p in enumerate(params)):
+            if self.for_export:
                 stacked = torch.stack(params)  # export traces the parameters, not the storage
+            elif torch.compiler.is_compiling():
+                pass  # a trace cannot read addresses: the caller stacked them (stack_experts)
+            elif stacked is None or not all(_is_row(p, stacked, i) for i, p in enumerate(params)):
+                stacked = torch.stack(params)
             out.append(stacked)
         return tuple(out)
 
@@ -125,8 +137,7 @@ class MoE(nn.Module):
         out = torch.zeros_like(x, dtype=torch.float32)
         # the per-expert loop sizes its batches on the host (nonzero): neither export nor a CUDA
         # graph capture can take that, so both use the dense dispatch (same maths)
-        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-        if torch.compiler.is_compiling() or capturing:
+        if torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
             return cast(self._add_shared(x, self._dense_dispatch(x, idx, w)), x_BSE.dtype).view_as(x_BSE)
         for e, expert in enumerate(self.experts):
             tok, slot = torch.nonzero(idx == e, as_tuple=True)
@@ -148,12 +159,12 @@ class MoE(nn.Module):
         limit = self.experts[0].limit
         h = F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit) * dense_w.unsqueeze(-1)
         h = cast(h, x_TE.dtype)
-        if torch.compiler.is_compiling():
+        if self.for_export:
             # export: one MatMul over [E*I, H] (the weights are initializers, folded at load)
             w2_EI_H = w2.transpose(1, 2).reshape(-1, w2.shape[1])
             return f32(torch.matmul(h.flatten(1), w2_EI_H))
-        # CUDA graphs: [E,T,I] @ [E,I,H] summed over E reads the transposed w2 where it is (the
-        # [E*I, H] reshape above is a strided copy of every expert on each call)
+        # CUDA graphs, torch.compile: [E,T,I] @ [E,I,H] summed over E reads the transposed w2
+        # where it is (the [E*I, H] reshape above is a strided copy of every expert on each call)
         return f32(torch.matmul(h.transpose(0, 1), w2.transpose(1, 2))).sum(0)
 
     def _add_shared(self, x_TE: torch.Tensor, out_TE: torch.Tensor) -> torch.Tensor:
@@ -167,3 +178,16 @@ def _is_row(p: torch.Tensor, stacked: torch.Tensor, i: int) -> bool:
     row = stacked[i]
     return (p.device == stacked.device and p.dtype == stacked.dtype and p.shape == row.shape
             and p.data_ptr() == row.data_ptr() and p.stride() == row.stride())
+
+
+@contextmanager
+def export_form(model: nn.Module):
+    """Within: every MoE of `model` traces its export form (MoE.for_export)."""
+    moes = [m for m in model.modules() if isinstance(m, MoE) and not m.dense]
+    for m in moes:
+        m.for_export = True
+    try:
+        yield
+    finally:
+        for m in moes:
+            m.for_export = False

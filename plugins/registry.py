@@ -3,8 +3,9 @@
 `OpSet("reference")` runs the PyTorch references (the spec); `OpSet("custom_op")` runs the same
 maths through torch.library ops `torch.ops.dsflash.*`, which export as trt.plugins nodes (the
 plugin flavor); `OpSet("triton")` runs the Triton kernels (kernel.py beside each reference: CUDA
-tensors, or CPU tensors under TRITON_INTERPRET=1). The model holds one OpSet instance; switching
-it changes no model code.
+tensors, or CPU tensors under TRITON_INTERPRET=1; under torch.compile through the
+`torch.ops.dsflash_triton.*` ops of plugins/triton_ops.py). The model holds one OpSet instance;
+switching it changes no model code.
 """
 
 from __future__ import annotations
@@ -80,7 +81,10 @@ class OpSet:
 
             register_torch_ops()
         if value == "triton":
+            from dsflash.plugins.triton_ops import register_triton_ops
+
             self._kernels = _triton_kernels()
+            register_triton_ops(DECLS, self._kernels)
         self._backend = value
 
     def _call(self, decl: OpDecl, *inputs, **attrs):
@@ -93,6 +97,9 @@ class OpSet:
         if self._backend == "reference":
             return decl.reference(*inputs, **attrs)
         if self._backend == "triton":
+            if torch.compiler.is_compiling():  # a traced graph holds ops, not launcher objects
+                op = getattr(torch.ops.dsflash_triton, decl.torch_name)
+                return op(*inputs, *(attrs[a.name] for a in decl.attrs))
             return self._kernels[decl.torch_name](*inputs, **attrs)
         op = getattr(torch.ops.dsflash, decl.torch_name)
         return op(*inputs, *(attrs[a.name] for a in decl.attrs))
@@ -118,6 +125,8 @@ class OpSet:
         the radix-select kernel (plugins/stable_topk) serves it, bit-exact against the sort on the
         H200 and faster (docs/benchmarks.md); `use_topk_kernel=False` keeps the sort there too."""
         if self._backend == "triton" and self.use_topk_kernel:
+            if torch.compiler.is_compiling():
+                return torch.ops.dsflash_triton.stable_topk(scores, k)
             return self._kernels["stable_topk"](scores, k)
         return stable_topk_reference(scores, k)
 

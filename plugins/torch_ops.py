@@ -9,12 +9,22 @@ import torch
 from dsflash.plugins.declaration import PORT_DTYPES, TORCH_NAMESPACE, OpDecl
 
 
-def _is_registered(decl: OpDecl) -> bool:
+def is_registered(namespace: str, name: str) -> bool:
     try:
-        getattr(getattr(torch.ops, TORCH_NAMESPACE), decl.torch_name)
+        getattr(getattr(torch.ops, namespace), name)
     except (AttributeError, RuntimeError):
         return False
     return True
+
+
+def fake_outputs(decl: OpDecl, inputs, attrs: dict):
+    """Empty outputs of the declared shapes and dtypes: a "float" port takes the dtype of the
+    first "float" input (the model's dtype), the others their fixed dtype."""
+    float_dtype = next(t.dtype for t, p in zip(inputs, decl.inputs) if p.dtype == "float")
+    shapes = decl.shape_fn(*(t.shape for t in inputs), **attrs)
+    outs = [inputs[0].new_empty(s, dtype=float_dtype if p.dtype == "float" else PORT_DTYPES[p.dtype])
+            for s, p in zip(shapes, decl.outputs)]
+    return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def _register(decl: OpDecl) -> None:
@@ -31,12 +41,7 @@ def _register(decl: OpDecl) -> None:
         return out
 
     def fake(*args):
-        inputs, attrs = split(args)
-        float_dtype = next(t.dtype for t, p in zip(inputs, decl.inputs) if p.dtype == "float")
-        shapes = decl.shape_fn(*(t.shape for t in inputs), **attrs)
-        outs = [inputs[0].new_empty(s, dtype=float_dtype if p.dtype == "float" else PORT_DTYPES[p.dtype])
-                for s, p in zip(shapes, decl.outputs)]
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return fake_outputs(decl, *split(args))
 
     torch.library.impl(qualname, "CompositeExplicitAutograd")(impl)
     torch.library.register_fake(qualname)(fake)
@@ -46,5 +51,5 @@ def register_torch_ops() -> None:
     from dsflash.plugins.registry import DECLS
 
     for decl in DECLS:
-        if not _is_registered(decl):
+        if not is_registered(TORCH_NAMESPACE, decl.torch_name):
             _register(decl)

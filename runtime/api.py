@@ -1,7 +1,8 @@
 """The embeddable facade:
 
     rt = Runtime.from_bundle("engines/tiny", backend="ort")
-    # backends: torch, torch-triton (kernels; CUDA graphs on a GPU), ort, ort-plugin,
+    # backends: torch, torch-triton (kernels; CUDA graphs on a GPU), torch-compiled (the same,
+    # the decode step compiled by torch.compile first), ort, ort-plugin,
     # ort-cuda (onnxruntime-gpu, IOBinding), trt (plans built by scripts/build_engines.py)
     texts = rt.generate(["hello"], GenerationParams(max_new_tokens=16))
     for event in rt.stream("hello", GenerationParams()): ...
@@ -16,7 +17,7 @@ import torch
 
 from dsflash.export.bundle import Bundle
 from dsflash.runtime.cache_manager import CacheManager
-from dsflash.runtime.engine import BACKENDS, make_engines
+from dsflash.runtime.engine import BACKENDS, TORCH_BACKENDS, make_engines
 from dsflash.runtime.generator import Generator, TokenEvent
 from dsflash.runtime.request import GenerationParams, Request
 from dsflash.runtime.tokenizer import ByteTokenizer, HFTokenizer
@@ -35,9 +36,9 @@ class Runtime:
         bundle = Bundle.open(path)
         model = None
         # GPU backends keep the cache on the GPU (IOBinding / plan addresses / CUDA graphs)
-        device = "cuda" if backend in ("ort-cuda", "trt") or (backend == "torch-triton" and
-                                                               torch.cuda.is_available()) else "cpu"
-        if backend in ("torch", "torch-triton"):
+        kernels = backend in ("torch-triton", "torch-compiled")
+        device = "cuda" if backend in ("ort-cuda", "trt") or (kernels and torch.cuda.is_available()) else "cpu"
+        if backend in TORCH_BACKENDS:
             from dsflash.runtime.weights import model_from_bundle
 
             model = model_from_bundle(bundle).to(device)

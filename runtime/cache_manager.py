@@ -118,3 +118,22 @@ class CacheManager:
 
     def max_sequences(self, budget_bytes: int, context_len: int, fmt: str = "released") -> int:
         return max_sequences(self.cfg, budget_bytes, context_len, fmt)
+
+
+def synthetic_cache(cfg: ModelConfig, batch: int, context: int, steps: int, device: str,
+                    dtype: torch.dtype, seed: int) -> CacheManager:
+    """`batch` sequences of `context` tokens with random state (rings, entries, index keys,
+    compressor state, lookback ids), room for `steps` more tokens each: decode steps at a given
+    context without a prefill (benchmarks, tests)."""
+    cm = CacheManager(cfg, batch, context + steps, device=device, dtype=dtype)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for _ in range(batch):
+        cm.acquire()
+    for t in cm.cache.tensors.values():
+        if t.is_floating_point():
+            t.normal_(generator=gen)
+    cm.cache.tensors["engram_hist"].random_(0, cfg.vocab_size, generator=gen)
+    cm.cache.tensors["seq_len"].fill_(context)
+    cm.cache.tensors["replay_start"].zero_()
+    cm.sync_lengths()
+    return cm

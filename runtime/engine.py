@@ -4,8 +4,8 @@ names (PIPELINE.md §5). The orchestration code does not know which backend it d
 read in place across calls; the TorchEngine's CUDA graphs use it, the others need no copy anyway.
 
   TorchEngine  the reference model's graph function (GraphModule), CPU or GPU; on the GPU
-               optionally with the Triton kernels (ops="triton") and the decode step replayed
-               as a CUDA graph (cuda_graph=True)
+               optionally with the Triton kernels (ops="triton"), the decode step compiled by
+               torch.compile (compile="inductor") and replayed as a CUDA graph (cuda_graph=True)
   OrtEngine    a bundle's ONNX graph on ONNX Runtime (portable or plugin flavor); with the
                CUDA provider, IOBinding keeps inputs, outputs and the cache on the GPU
   TrtEngine    a bundle's TensorRT plan (runtime/trt_engine.py)
@@ -14,14 +14,15 @@ Every engine checks its I/O against the contract (and, for bundles, the manifest
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
 
 from dsflash.export.contract import GRAPHS, graph_inputs, graph_outputs
 
-BACKENDS = ("torch", "torch-triton", "ort", "ort-plugin", "ort-cuda", "trt")
+BACKENDS = ("torch", "torch-triton", "torch-compiled", "ort", "ort-plugin", "ort-cuda", "trt")
+TORCH_BACKENDS = ("torch", "torch-triton", "torch-compiled")
 
 
 class Engine(Protocol):
@@ -39,11 +40,16 @@ def _check_feeds(engine, inputs: dict) -> None:
 
 
 class TorchEngine:
-    def __init__(self, model, graph: str, ops: str | None = None, cuda_graph: bool = False):
+    def __init__(self, model, graph: str, ops: str | None = None, cuda_graph: bool = False,
+                 compile: str | Callable | None = None):
         """ops: switch the model's op backend ("reference", "triton"); note the model's OpSet is
         shared by both graphs' engines. cuda_graph: capture and replay one-row steps (decode)
         as CUDA graphs, one per batch size (needs a CUDA model); multi-row calls (prefill
-        chunks of any length) run eagerly, so graphs are not captured per prompt length."""
+        chunks of any length) run eagerly, so graphs are not captured per prompt length.
+        compile: a torch.compile backend ("inductor", or a callable) for the one-row steps, traced as one graph
+        (the custom ops stay opaque: plugins/triton_ops.py) so the PyTorch ops between them are
+        fused; a CUDA graph then replays the compiled step. The first step of each new shape
+        compiles (minutes for the released sizes); prefill chunks stay eager."""
         from dsflash.export.graphs import GraphModule
 
         if graph not in GRAPHS:
@@ -51,6 +57,14 @@ class TorchEngine:
         if ops is not None:
             model.ops.backend = ops
         self.graph, self.module = graph, GraphModule(model, graph).eval()
+        self._step = self.module  # what runs one-row steps
+        if compile is not None:
+            from dsflash.model.moe import MoE
+
+            for m in model.modules():  # the trace reads each MoE's expert stack as it is
+                if isinstance(m, MoE) and not m.dense:
+                    m.stack_experts()
+            self._step = torch.compile(self.module, backend=compile, fullgraph=True, dynamic=True)
         self._graphed = None
         if cuda_graph:
             device = next(model.parameters()).device
@@ -58,7 +72,7 @@ class TorchEngine:
                 raise ValueError(f"cuda_graph=True needs the model on a CUDA device, not {device}")
             from dsflash.runtime.cuda_graph import GraphedStep
 
-            self._graphed = GraphedStep(self.module)
+            self._graphed = GraphedStep(self._step)
         self.input_names, self.output_names = self.module.input_names, self.module.output_names
         contract = ([t.name for t in graph_inputs(model.cfg, graph)],
                     [t.name for t in graph_outputs(model.cfg, graph)])
@@ -69,11 +83,12 @@ class TorchEngine:
     def run(self, inputs: dict[str, torch.Tensor], resident=()) -> dict[str, torch.Tensor]:
         _check_feeds(self, inputs)
         tensors = [inputs[n] for n in self.input_names]
-        if self._graphed is not None and inputs["ids"].shape[1] == 1:
+        one_row = inputs["ids"].shape[1] == 1
+        if self._graphed is not None and one_row:
             at = [i for i, n in enumerate(self.input_names) if n in set(resident)]
             outs = self._graphed(*tensors, resident=at)
         else:
-            outs = self.module(*tensors)
+            outs = (self._step if one_row else self.module)(*tensors)
         return dict(zip(self.output_names, outs))
 
 
@@ -131,14 +146,17 @@ _NUMPY_DTYPE = {torch.float32: np.float32, torch.int64: np.int64, torch.bool: np
 
 def make_engines(backend: str, bundle=None, model=None) -> dict[str, Engine]:
     """Both graphs' engines for a backend name."""
-    if backend in ("torch", "torch-triton"):
+    if backend in TORCH_BACKENDS:
         if model is None:
             raise ValueError(f"the {backend} backend needs the reference model")
         if backend == "torch":
             return {g: TorchEngine(model, g) for g in GRAPHS}
-        # the kernels; on a GPU the decode step (fixed shapes per batch size) becomes a CUDA graph
+        # the kernels; on a GPU the decode step (fixed shapes per batch size) becomes a CUDA graph;
+        # torch-compiled compiles it first (inductor fuses the ops between the kernels)
         on_gpu = next(model.parameters()).is_cuda
-        return {g: TorchEngine(model, g, ops="triton", cuda_graph=on_gpu and g == "decoder_step")
+        compiled = "inductor" if backend == "torch-compiled" else None
+        return {g: TorchEngine(model, g, ops="triton", cuda_graph=on_gpu and g == "decoder_step",
+                               compile=compiled if g == "decoder_step" else None)
                 for g in GRAPHS}
     if backend in ("ort", "ort-plugin", "ort-cuda"):
         if bundle is None:

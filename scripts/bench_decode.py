@@ -9,14 +9,16 @@ Modes (each after a warm-up, on the same state; the first step's logits are comp
   graph-copy     the kernels in a CUDA graph fed a gathered copy of the state (the runtime before
                  the in-place cache: every step copied each sequence's whole cache twice, into
                  the gathered feeds and into the graph's own buffers)
-  graph          the kernels in a CUDA graph that reads the cache pools in place (the runtime now)
+  graph          the kernels in a CUDA graph that reads the cache pools in place
+  compiled       the same, with the step compiled by torch.compile (inductor) first: the PyTorch
+                 ops between the kernels fused (TorchEngine(compile="inductor"))
 
-Prints ms per step, tokens/s, the ratio to the reference and to graph-copy, and the roofline
+Prints ms per step, tokens/s, the last mode's ratio to each other mode, and the roofline
 fraction: the bytes a step must read (weights once, the cache it attends to;
 model.accounting.decode_step_bytes) over the device copy bandwidth measured in the same run.
 
     python3 scripts/bench_decode.py --out gpu_out [--config small] [--batches 1,8,32]
-        [--contexts 4096,130048] [--steps 12] [--modes reference,triton,graph-copy,graph]
+        [--contexts 4096,130048] [--steps 12] [--modes reference,triton,graph-copy,graph,compiled]
     python scripts/bench_decode.py --device cpu --config tiny --contexts 48 --batches 2 \
         --modes reference --steps 2 --out /tmp/decode   # the plumbing, on a CPU
 """
@@ -36,10 +38,11 @@ from tqdm import tqdm
 from dsflash.model.accounting import decode_step_bytes
 from dsflash.model.config import ModelConfig
 from dsflash.model.model import DSFlashModel
-from dsflash.runtime.cache_manager import CacheManager
+from dsflash.runtime.cache_manager import CacheManager, synthetic_cache
 from dsflash.runtime.engine import TorchEngine
 
-MODES = ("reference", "triton", "graph-copy", "graph")
+MODES = ("reference", "triton", "graph-copy", "graph", "compiled")
+GRAPHED = ("graph-copy", "graph", "compiled")
 log = logging.getLogger("bench_decode")
 
 
@@ -57,27 +60,18 @@ def copy_bandwidth_GBps(device: str) -> float:
     return 2 * src.numel() * 2 / statistics.median(times) / 1e9
 
 
-def synthetic_cache(cfg: ModelConfig, batch: int, context: int, steps: int, device: str,
-                    dtype: torch.dtype, seed: int) -> CacheManager:
-    """`batch` sequences of `context` tokens with random state (rings, entries, index keys,
-    compressor state, lookback ids), room for `steps` more tokens each."""
-    cm = CacheManager(cfg, batch, context + steps, device=device, dtype=dtype)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    for _ in range(batch):
-        cm.acquire()
-    for t in cm.cache.tensors.values():
-        if t.is_floating_point():
-            t.normal_(generator=gen)
-    cm.cache.tensors["engram_hist"].random_(0, cfg.vocab_size, generator=gen)
-    cm.cache.tensors["seq_len"].fill_(context)
-    cm.cache.tensors["replay_start"].zero_()
-    cm.sync_lengths()
-    return cm
-
-
-def engine_for(model, mode: str) -> TorchEngine:
+def engine_for(model, mode: str, kept: dict | None = None) -> TorchEngine:
+    """A fresh engine per case, except a compiled one, which is kept in `kept` across cases: a
+    new torch.compile wrapper would compile again (the runtime, too, keeps one engine)."""
+    if kept is not None and mode in kept:
+        model.ops.backend = "triton"  # another mode's engine may have switched the shared OpSet
+        return kept[mode]
     ops = "reference" if mode == "reference" else "triton"
-    return TorchEngine(model, "decoder_step", ops=ops, cuda_graph=mode.startswith("graph"))
+    engine = TorchEngine(model, "decoder_step", ops=ops, cuda_graph=mode in GRAPHED,
+                         compile="inductor" if mode == "compiled" else None)
+    if kept is not None and mode == "compiled":
+        kept[mode] = engine
+    return engine
 
 
 def run_steps(engine: TorchEngine, cm: CacheManager, mode: str, ids_list: list) -> tuple[list, torch.Tensor]:
@@ -101,7 +95,7 @@ def run_steps(engine: TorchEngine, cm: CacheManager, mode: str, ids_list: list) 
     return times, first
 
 
-def bench_case(model, cfg, batch: int, context: int, args, bw: float) -> dict:
+def bench_case(model, cfg, batch: int, context: int, args, bw: float, kept: dict) -> dict:
     warm, steps = args.warmup, args.steps
     cm = synthetic_cache(cfg, batch, context, warm + steps, args.device, model.embed.weight.dtype,
                          args.seed)
@@ -115,11 +109,13 @@ def bench_case(model, cfg, batch: int, context: int, args, bw: float) -> dict:
         for k, v in cm.cache.tensors.items():
             v.copy_(snapshot[k])
         cm.sync_lengths()
-        engine = engine_for(model, mode)
+        engine = engine_for(model, mode, kept)
         times, logits[mode] = run_steps(engine, cm, mode, ids_list)
         ms = statistics.median(times[warm:]) * 1e3
         roof_ms = (need["weights"] + need["cache"]) / (bw * 1e9) * 1e3
-        res["modes"][mode] = {"ms": ms, "tokens_per_s": batch / ms * 1e3, "roofline": roof_ms / ms}
+        # the first step captures a graph (and compiles, for a new shape): seconds, apart
+        res["modes"][mode] = {"ms": ms, "tokens_per_s": batch / ms * 1e3, "roofline": roof_ms / ms,
+                              "first_step_s": times[0]}
         del engine
     base = args.modes[-1]
     for mode, lg in logits.items():
@@ -133,22 +129,23 @@ def bench_case(model, cfg, batch: int, context: int, args, bw: float) -> dict:
     return res
 
 
-def profile_graph_step(model, cfg, batch: int, context: int, args, rows: int = 25) -> str:
+def profile_graph_step(model, cfg, batch: int, context: int, args, mode: str, kept: dict,
+                       rows: int = 25) -> str:
     """The GPU kernels of one graphed decode step (torch.profiler over 3 steps): launches per
     step and the kernels that take the most time, to see where a step goes."""
     from torch.profiler import ProfilerActivity, profile
 
     cm = synthetic_cache(cfg, batch, context, 8, args.device, model.embed.weight.dtype, args.seed)
-    engine = engine_for(model, "graph")
+    engine = engine_for(model, mode, kept)
     ids = [torch.zeros(batch, 1, dtype=torch.int64)] * 3
-    run_steps(engine, cm, "graph", ids)  # capture outside the profile
+    run_steps(engine, cm, mode, ids)  # capture (and compile) outside the profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run_steps(engine, cm, "graph", ids)
+        run_steps(engine, cm, mode, ids)
     events = [e for e in prof.key_averages() if e.device_time_total > 0]
     events.sort(key=lambda e: -e.device_time_total)
     launches = sum(e.count for e in events) / len(ids)
     total = sum(e.device_time_total for e in events) / len(ids)
-    head = f"graph step, batch {batch}, context {context}: {launches:.0f} kernels, {total / 1e3:.2f} ms"
+    head = f"{mode} step, batch {batch}, context {context}: {launches:.0f} kernels, {total / 1e3:.2f} ms"
     lines = [head + " of kernel time per step", "| kernel | per step | us per step |", "|---|---:|---:|"]
     lines += [f"| {e.key[:90]} | {e.count / len(ids):.0f} | {e.device_time_total / len(ids):.1f} |"
               for e in events[:rows]]
@@ -156,15 +153,16 @@ def profile_graph_step(model, cfg, batch: int, context: int, args, rows: int = 2
 
 
 def table(results: list, modes: list, bw: float) -> str:
-    head = f"| batch | context | {' | '.join(f'{m} ms' for m in modes)} | {modes[-1]} tok/s | "
-    head += "x reference | x graph-copy | roofline |"
+    last, others = modes[-1], modes[:-1]
+    head = f"| batch | context | {' | '.join(f'{m} ms' for m in modes)} | {last} tok/s | "
+    head += "".join(f"x {m} | " for m in others) + "roofline |"
     lines = [f"copy bandwidth {bw:.0f} GB/s", head, "|" + "---:|" * (head.count("|") - 1)]
     for r in results:
         ms = r["modes"]
-        best = ms[modes[-1]]
-        ratios = [f"{ms[m]['ms'] / best['ms']:.1f}x" if m in ms else "-" for m in ("reference", "graph-copy")]
+        best = ms[last]
+        ratios = "".join(f"{ms[m]['ms'] / best['ms']:.2f}x | " for m in others)
         lines.append(f"| {r['batch']} | {r['context']} | " + " | ".join(f"{ms[m]['ms']:.2f}" for m in modes)
-                     + f" | {best['tokens_per_s']:.0f} | {' | '.join(ratios)} | {best['roofline']:.0%} |")
+                     + f" | {best['tokens_per_s']:.0f} | {ratios}{best['roofline']:.0%} |")
     return "\n".join(lines)
 
 
@@ -181,12 +179,12 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", action="store_true",
-                    help="also list the kernels of one graphed step (first batch and context)")
+                    help="also list the kernels of one graph / compiled step (first batch and context)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args.modes = args.modes.split(",")
     bad = [m for m in args.modes if m not in MODES]
-    if bad or (args.device == "cpu" and any(m.startswith("graph") for m in args.modes)):
+    if bad or (args.device == "cpu" and any(m in GRAPHED for m in args.modes)):
         ap.error(f"modes {args.modes}: known {MODES}; CUDA graphs need --device cuda")
     if args.warmup < 1 or args.steps < 1:
         ap.error("--warmup and --steps must be >= 1")
@@ -195,7 +193,8 @@ def main() -> int:
     model = DSFlashModel(cfg).init_weights(seed=args.seed).eval().to(args.device, dtype)
     bw = copy_bandwidth_GBps(args.device)
     cases = [(int(b), int(c)) for c in args.contexts.split(",") for b in args.batches.split(",")]
-    results = [bench_case(model, cfg, b, c, args, bw) for b, c in tqdm(cases, desc="decode cases")]
+    kept: dict = {}
+    results = [bench_case(model, cfg, b, c, args, bw, kept) for b, c in tqdm(cases, desc="decode cases")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"config": args.config, "dtype": args.dtype, "device": args.device, "copy_GBps": bw,
@@ -204,9 +203,10 @@ def main() -> int:
     (out / "bench_decode.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     log.info("%s", table(results, args.modes, bw))
     if args.profile:
-        report = profile_graph_step(model, cfg, *cases[0], args)
-        (out / "bench_decode_profile.md").write_text(report + "\n")
-        log.info("%s", report)
+        reports = [profile_graph_step(model, cfg, *cases[0], args, mode, kept)
+                   for mode in ("graph", "compiled") if mode in args.modes]
+        (out / "bench_decode_profile.md").write_text("\n\n".join(reports) + "\n")
+        log.info("%s", "\n\n".join(reports))
     return 0
 
 

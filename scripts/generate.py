@@ -14,13 +14,14 @@ import time
 
 from dsflash.model.generate import SamplingParams
 from dsflash.runtime.api import Runtime
+from dsflash.runtime.engine import BACKENDS
 from dsflash.runtime.request import GenerationParams
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bundle", required=True)
-    ap.add_argument("--backend", default="ort", choices=["ort", "ort-plugin", "ort-cuda", "torch", "torch-triton", "trt"])
+    ap.add_argument("--backend", default="ort", choices=BACKENDS)
     ap.add_argument("--prompt", action="append", default=[])
     ap.add_argument("--prompts-file")
     ap.add_argument("--tokenizer", help="tokenizer.json (default: byte-level)")

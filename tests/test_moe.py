@@ -89,3 +89,42 @@ def test_experts_live_in_one_stacked_tensor_through_conversion_and_loading(tiny_
     # a parameter replaced by assignment is no longer a row: the dispatch stacks afresh
     moe.experts[0].w1.weight = torch.nn.Parameter(moe.experts[0].w1.weight.detach().clone() + 1)
     assert torch.equal(moe.stacked_weights()[0][0], moe.experts[0].w1.weight)
+
+
+def _traced_call_targets(module, x) -> list[str]:
+    """The functions a torch.compile trace of `module(x)` calls (one graph, run as traced)."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(module, backend=record, fullgraph=True)(x)
+    assert len(graphs) == 1
+    return [str(n.target) for n in graphs[0].graph.nodes if n.op in ("call_function", "call_method")]
+
+
+def test_a_runtime_trace_reads_the_expert_stack_and_export_stacks_the_parameters(tiny_cfg, gen):
+    """torch.compile (the torch-compiled backend) traces the dispatch over the stored stack; only
+    inside export_form (the ONNX export) does the graph stack the parameters and take one MatMul
+    over [E*I, H]. Both give the eager result. torch 2.11 reported is_exporting() as True under
+    torch.compile, which made every compiled step copy all experts; the flag is explicit now."""
+    from dsflash.model.model import DSFlashModel
+    from dsflash.model.moe import export_form
+
+    model = DSFlashModel(tiny_cfg).init_weights(seed=3).eval()
+    moe = model.layers[0].ffn
+    x = torch.randn(1, 3, tiny_cfg.hidden_size, generator=gen)
+    with torch.no_grad():
+        want = loop_moe(moe, x[0])
+        runtime = _traced_call_targets(moe, x)
+        with export_form(model):
+            assert moe.for_export
+            exported = _traced_call_targets(moe, x)
+        assert not moe.for_export
+        assert_close(torch.compile(moe, backend="eager", fullgraph=True)(x)[0].float(), want, OP_FP32,
+                     "traced runtime form")
+    stacks = [t for t in exported if "stack" in t]
+    assert "stack" not in " ".join(runtime) and len(stacks) == 3, (runtime, exported)
+    torch._dynamo.reset()

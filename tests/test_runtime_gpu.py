@@ -40,7 +40,8 @@ def test_graphed_step_reads_resident_inputs_in_place_and_copies_the_rest():
 
 def test_generator_decodes_through_graphs_that_read_the_cache_in_place(tiny_cfg, gen):
     """Greedy tokens through graphed Triton decode steps reading the pools in place equal the
-    reference ops' eager run; requests finish early, so sequences move between slots."""
+    reference ops' eager run, and so do those of the steps compiled by inductor first
+    (torch-compiled); requests finish early, so sequences move between slots."""
     from dsflash.model.model import DSFlashModel
     from dsflash.runtime.cache_manager import CacheManager
     from dsflash.runtime.engine import make_engines
@@ -52,14 +53,16 @@ def test_generator_decodes_through_graphs_that_read_the_cache_in_place(tiny_cfg,
     prompts = [random_ids(gen, 1, n, tiny_cfg.vocab_size)[0].tolist() for n in (13, 5, 9)]
     lengths = (3, 12, 7)
     runs = {}
-    for backend in ("torch", "torch-triton"):
+    for backend in ("torch", "torch-triton", "torch-compiled"):
+        torch._dynamo.reset()
         model = DSFlashModel(tiny_cfg).init_weights(seed=1234).eval().cuda()
         engines = make_engines(backend, model=model)
         g = Generator(engines, CacheManager(tiny_cfg, 3, 64, device="cuda"))
         ids = [g.add(p, GenerationParams(max_new_tokens=n)) for p, n in zip(prompts, lengths)]
         done = g.run()
         runs[backend] = [done[i].tokens for i in ids]
-        if backend == "torch-triton":
+        if backend != "torch":
             keys = list(engines["decoder_step"]._graphed._graphs)
             assert keys and all(places for _, places in keys), "a decode step copied the cache in"
     assert runs["torch-triton"] == runs["torch"]
+    assert runs["torch-compiled"] == runs["torch"]

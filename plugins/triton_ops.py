@@ -1,0 +1,62 @@
+"""torch.library ops `torch.ops.dsflash_triton.*` that run the Triton launchers, so that
+torch.compile can trace a model on the kernels (`OpSet("triton")` under compilation) and fuse
+the PyTorch ops around them, which stay opaque to it.
+
+The eager Triton backend calls the launchers directly; a traced graph cannot hold a Python
+launcher object, so under compilation `OpSet` calls these ops instead. Their fake
+implementations come from the declarations (as for `torch.ops.dsflash.*`), and their
+implementation is one set of launchers created at registration: the dispatcher is process-wide,
+so every compiled model of the process shares those launchers' workspaces and must run its
+kernels on one stream at a time (as any launcher requires).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsflash.plugins.declaration import OpDecl
+from dsflash.plugins.torch_ops import fake_outputs, is_registered
+
+NAMESPACE = "dsflash_triton"
+STABLE_TOPK_SCHEMA = "(Tensor scores, int k) -> (Tensor, Tensor)"
+
+
+def _register_decl(decl: OpDecl, launcher) -> None:
+    qualname = f"{NAMESPACE}::{decl.torch_name}"
+    torch.library.define(qualname, decl.schema())
+    n_in = len(decl.inputs)
+    names = [a.name for a in decl.attrs]
+
+    def impl(*args):
+        return launcher(*args[:n_in], **dict(zip(names, args[n_in:])))
+
+    def fake(*args):
+        return fake_outputs(decl, args[:n_in], dict(zip(names, args[n_in:])))
+
+    torch.library.impl(qualname, "CompositeExplicitAutograd")(impl)
+    torch.library.register_fake(qualname)(fake)
+
+
+def _register_topk(launcher) -> None:
+    qualname = f"{NAMESPACE}::stable_topk"
+    torch.library.define(qualname, STABLE_TOPK_SCHEMA)
+
+    def fake(scores, k):
+        # the launcher's outputs: fp32 values and int64 indices of the min(k, N) best
+        shape = (*scores.shape[:-1], min(k, scores.shape[-1]))
+        return (scores.new_empty(shape, dtype=torch.float32),
+                scores.new_empty(shape, dtype=torch.int64))
+
+    torch.library.impl(qualname, "CompositeExplicitAutograd")(launcher)
+    torch.library.register_fake(qualname)(fake)
+
+
+def register_triton_ops(decls: tuple[OpDecl, ...], launchers: dict) -> None:
+    """Register `dsflash_triton::<torch_name>` for every declaration with a launcher in
+    `launchers` (keyed by torch_name), and `dsflash_triton::stable_topk`; idempotent: the first
+    registration's launchers serve the process."""
+    for decl in decls:
+        if decl.torch_name in launchers and not is_registered(NAMESPACE, decl.torch_name):
+            _register_decl(decl, launchers[decl.torch_name])
+    if not is_registered(NAMESPACE, "stable_topk"):
+        _register_topk(launchers["stable_topk"])

@@ -1,0 +1,110 @@
+"""The decode step under torch.compile (TorchEngine(compile=...), the torch-compiled backend): the
+Triton launchers as torch.library ops (plugins/triton_ops.py) that a trace keeps opaque, their
+fakes against the launchers, and one traced graph per decode step that holds every kernel and
+gives the eager kernels' results. On the CPU the kernels run in the Triton interpreter (fp32) and
+the trace runs as traced (no code generation); inductor itself runs in the GPU tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_plugin_schema import sample_inputs
+from tolerances import MODEL, assert_close
+
+from dsflash.plugins.registry import DECLS, OpSet
+
+pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
+
+KERNEL_DECLS = [d for d in DECLS if d.torch_name in
+                ("engram_hash_gather", "csa2_index_score", "csa2_sparse_attention", "mhc_boundary")]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _on_device(inputs):
+    return tuple(t.to(DEVICE) for t in inputs)
+
+
+@pytest.mark.parametrize("decl", KERNEL_DECLS, ids=lambda d: d.name)
+def test_triton_op_runs_the_launcher_and_its_fake_agrees(decl, gen):
+    ops = OpSet("triton")  # registers torch.ops.dsflash_triton.*
+    inputs, attrs = sample_inputs(decl, gen)
+    inputs = _on_device(inputs)
+    op = getattr(torch.ops.dsflash_triton, decl.torch_name)
+    got = op(*inputs, *attrs.values())
+    want = ops._kernels[decl.torch_name](*inputs, **attrs)
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    assert len(got) == len(want) == len(decl.outputs)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    torch.library.opcheck(op, (*inputs, *attrs.values()), test_utils=("test_schema", "test_faketensor"))
+
+
+def test_triton_topk_op_runs_the_launcher_and_its_fake_agrees(gen):
+    ops = OpSet("triton")
+    scores = torch.randn(2, 3, 37, generator=gen).to(DEVICE)
+    scores[0, 1, 5:] = float("-inf")  # fewer visible than k
+    vals, idx = torch.ops.dsflash_triton.stable_topk(scores, 9)
+    want_vals, want_idx = ops._kernels["stable_topk"](scores, 9)
+    assert torch.equal(vals, want_vals) and torch.equal(idx, want_idx)
+    assert vals.shape == (2, 3, 9) and vals.dtype == torch.float32 and idx.dtype == torch.int64
+    torch.library.opcheck(torch.ops.dsflash_triton.stable_topk, (scores, 9),
+                          test_utils=("test_schema", "test_faketensor"))
+    # k over the row: min(k, N) columns, in the fake as in the launcher
+    assert torch.ops.dsflash_triton.stable_topk(scores, 50)[0].shape == (2, 3, 37)
+    torch.library.opcheck(torch.ops.dsflash_triton.stable_topk, (scores, 50),
+                          test_utils=("test_faketensor",))
+
+
+class GraphRecorder:
+    """A torch.compile backend that keeps each traced graph and runs it as traced."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm.forward
+
+    def kernel_calls(self, i: int) -> list[str]:
+        return [str(n.target).split(".")[1] for n in self.graphs[i].graph.nodes
+                if n.op == "call_function" and str(n.target).startswith("dsflash_triton.")]
+
+
+def test_compiled_decode_step_is_one_graph_of_the_kernels(tiny_cfg):
+    """Batches of 1, 2 and 3 sequences: one graph for batch 1 and one with a symbolic batch for
+    the others (dynamic=True), each holding the step's kernels as opaque ops, with the eager
+    kernels' results (MODEL: the same maths in another order)."""
+    from dsflash.model.model import DSFlashModel
+    from dsflash.runtime.cache_manager import synthetic_cache
+    from dsflash.runtime.engine import TorchEngine
+
+    torch._dynamo.reset()
+    model = DSFlashModel(tiny_cfg).init_weights(seed=7).eval().to(DEVICE)
+    recorder = GraphRecorder()
+    compiled = TorchEngine(model, "decoder_step", ops="triton", compile=recorder)
+    eager = TorchEngine(model, "decoder_step", ops="triton")
+    for batch, context in ((1, 40), (2, 40), (3, 21)):
+        cm = synthetic_cache(tiny_cfg, batch, context, 2, DEVICE, torch.float32, seed=batch)
+        ids = torch.randint(0, tiny_cfg.vocab_size, (batch, 1))
+        feeds = cm.feeds(list(range(batch)), compiled.input_names, ids)
+        got, want = compiled.run(feeds), eager.run(feeds)
+        for name in compiled.output_names:  # the trace's decompositions reorder some sums
+            assert_close(got[name].float(), want[name].float(), MODEL, f"batch {batch}: {name}")
+    assert len(recorder.graphs) == 2
+    # the eager step's launcher calls, counted, against each graph's opaque ops
+    counts = {}
+
+    def counting(name, launcher):
+        def call(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return launcher(*args, **kwargs)
+        return call
+
+    model.ops._kernels = {n: counting(n, f) for n, f in model.ops._kernels.items()}
+    eager.run(feeds)
+    assert set(counts) == {"engram_hash_gather", "csa2_index_score", "csa2_sparse_attention",
+                           "mhc_boundary", "stable_topk"}
+    for i in range(2):
+        calls = recorder.kernel_calls(i)
+        assert {n: calls.count(n) for n in set(calls)} == counts
+    torch._dynamo.reset()
