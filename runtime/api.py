@@ -37,7 +37,8 @@ class Runtime:
         model = None
         # GPU backends keep the cache on the GPU (IOBinding / plan addresses / CUDA graphs)
         kernels = backend in ("torch-triton", "torch-compiled")
-        device = "cuda" if backend in ("ort-cuda", "trt") or (kernels and torch.cuda.is_available()) else "cpu"
+        on_gpu = backend in ("ort-cuda", "trt") or (kernels and torch.cuda.is_available())
+        device = "cuda" if on_gpu else "cpu"
         if backend in TORCH_BACKENDS:
             from dsflash.runtime.weights import model_from_bundle
 

@@ -46,9 +46,9 @@ class TorchEngine:
         shared by both graphs' engines. cuda_graph: capture and replay one-row steps (decode)
         as CUDA graphs, one per batch size (needs a CUDA model); multi-row calls (prefill
         chunks of any length) run eagerly, so graphs are not captured per prompt length.
-        compile: a torch.compile backend ("inductor", or a callable) for the one-row steps, traced as one graph
-        (the custom ops stay opaque: plugins/triton_ops.py) so the PyTorch ops between them are
-        fused; a CUDA graph then replays the compiled step. The first step of each new shape
+        compile: a torch.compile backend ("inductor", or a callable) for the one-row steps,
+        traced as one graph (the custom ops stay opaque: plugins/triton_ops.py) so the PyTorch
+        ops between them are fused; a CUDA graph then replays the compiled step. The first step of each new shape
         compiles (minutes for the released sizes); prefill chunks stay eager."""
         from dsflash.export.graphs import GraphModule
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 from test_plugin_schema import sample_inputs
-from tolerances import MODEL, assert_close
 
 from dsflash.plugins.registry import DECLS, OpSet
+
+from tolerances import MODEL, assert_close
 
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
 
