@@ -48,8 +48,9 @@ class TorchEngine:
         chunks of any length) run eagerly, so graphs are not captured per prompt length.
         compile: a torch.compile backend ("inductor", or a callable) for the one-row steps,
         traced as one graph (the custom ops stay opaque: plugins/triton_ops.py) so the PyTorch
-        ops between them are fused; a CUDA graph then replays the compiled step. The first step of each new shape
-        compiles (minutes for the released sizes); prefill chunks stay eager."""
+        ops between them are fused; a CUDA graph then replays the compiled step. Shapes are
+        symbolic (dynamic=True), so a batch of one sequence compiles once and every larger batch
+        once more (each 1-2 minutes for the small preset on the H200); prefill stays eager."""
         from dsflash.export.graphs import GraphModule
 
         if graph not in GRAPHS:
