@@ -109,3 +109,20 @@ def test_compiled_decode_step_is_one_graph_of_the_kernels(tiny_cfg):
         calls = recorder.kernel_calls(i)
         assert {n: calls.count(n) for n in set(calls)} == counts
     torch._dynamo.reset()
+
+
+def test_torch_compiled_backend_compiles_the_decode_step_only(tiny_cfg):
+    """make_engines("torch-compiled"): the Triton kernels for both graphs, the decode step behind
+    torch.compile (inductor), prefill eager; an unknown backend names the known ones."""
+    from dsflash.model.model import DSFlashModel
+    from dsflash.runtime.engine import BACKENDS, make_engines
+
+    model = DSFlashModel(tiny_cfg).init_weights(seed=7).eval()
+    engines = make_engines("torch-compiled", model=model)
+    assert model.ops.backend == "triton"
+    decode, prefill = engines["decoder_step"], engines["encoder_prefill"]
+    assert decode._step is not decode.module and hasattr(decode._step, "_torchdynamo_orig_callable")
+    assert prefill._step is prefill.module
+    assert "torch-compiled" in BACKENDS
+    with pytest.raises(ValueError, match="unknown backend 'torch-inductor'; backends: .*torch-compiled"):
+        make_engines("torch-inductor", model=model)
