@@ -81,9 +81,9 @@ class MoE(nn.Module):
         self._stacked: dict[str, torch.Tensor] = {}
         # set by the ONNX export (export_form below): the graph takes the parameters, stacked
         # in the graph, and one MatMul over [E*I, H]; a runtime trace (torch.compile) reads the
-        # stack where it is. An explicit flag: torch.compiler.is_exporting() was True under
-        # torch.compile in torch 2.11 (H200, 2026-12-04: the compiled step stacked all 32
-        # experts' w1, w2, w3 on every call, 1.3 of its 4.0 ms)
+        # stack where it is. An explicit flag: keyed on torch.compiler.is_exporting(), torch
+        # 2.11's torch.compile trace took the export branch (H200, 2026-12-04: inductor's output
+        # code stacked all 32 experts' w1, w2, w3 on every step, 1.3 of its 4.0 ms)
         self.for_export = False
         self.stack_experts()
 
