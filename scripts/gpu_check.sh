@@ -4,11 +4,12 @@
 # runs them), the AOT compile of every plugin kernel for the flash sizes, and the microbenchmarks
 # (AOT against JIT, the kernels, then a whole decode step through the runtime) (tables last;
 # JSON, plot and logs under $OUT).
-#   bash scripts/gpu_check.sh [--bench-only | --tests-only] [--quick] [--sweep]
-# (--bench-only skips the tests and the AOT compile: a benchmark rerun after a green check;
-# --tests-only stops after them. On a fresh H200 with a cold Triton cache the tests took 7 min
-# and the benchmark about 4 (2026-12-03): more than one 10-minute device call, so run the two
-# halves as two calls there.)
+#   bash scripts/gpu_check.sh [--tests-only | --bench-only | --decode-only] [--quick] [--sweep]
+# (--tests-only: the tests and the AOT compile; --bench-only: the kernel benchmarks;
+# --decode-only: the whole-step benchmark (bench_decode.py --profile). On a fresh H200 the tests
+# took 7 min with a cold Triton cache, 3-7 min since, the kernel benchmarks about 4 min and the
+# decode benchmark about 6 (two inductor compiles of 1-2 min for the compiled mode, 2026-12-04):
+# more than one 10-minute device call, so run the three parts as three calls there.)
 # The ort-cuda tests also run when onnxruntime-gpu is on PYTHONPATH and DSFLASH_TINY_BUNDLE names a
 # portable tiny bundle made on the CPU machine (the GPU machine has no onnxruntime-gpu and no
 # network: carry the wheel in parts with ../shared/tools/carry-wheel.sh, see docs/benchmarks.md).
@@ -21,14 +22,15 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/.gpu_site:${PYTHONPATH:-}"
 bash scripts/gpu_site.sh .gpu_site
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 tests=0
+run_tests=1
 bench=1
-if [ "${1:-}" = "--tests-only" ]; then
-  shift
-  bench=0
-fi
-if [ "${1:-}" = "--bench-only" ]; then
-  shift
-else
+decode=1
+case "${1:-}" in
+  --tests-only) shift; bench=0; decode=0 ;;
+  --bench-only) shift; run_tests=0; decode=0 ;;
+  --decode-only) shift; run_tests=0; bench=0 ;;
+esac
+if [ "$run_tests" = 1 ]; then
   python3 -P -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_kernels_gpu.py \
     tests/test_runtime_gpu.py tests/test_compiled_step.py tests/test_aot_gpu.py tests/test_ort_cuda.py \
     -rs --durations=12 2>&1 | tee "$OUT/tests.log"
@@ -40,7 +42,10 @@ if [ "$bench" = 1 ]; then
   python3 scripts/bench_floor.py --out "$OUT" 2>&1 | tail -2 | tee "$OUT/floor.log"
   python3 scripts/bench_aot.py --out "$OUT" 2>&1 | tee "$OUT/bench_aot.log" | grep -v "it/s\]" | tail -10
   python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\]" | tail -36
-  python3 scripts/bench_decode.py --out "$OUT" 2>&1 | tee "$OUT/bench_decode.log" | grep -v "it/s\]" | tail -9
+fi
+if [ "$decode" = 1 ]; then
+  python3 scripts/bench_decode.py --out "$OUT" --profile 2>&1 | tee "$OUT/bench_decode.log" \
+    | grep -v "it/s\]" | grep "^|\|^copy\|step, batch" | head -12
 fi
 echo "gpu tests exit status: $tests"
 exit "$tests"
