@@ -136,9 +136,14 @@ class MoE(nn.Module):
         idx, w = self.gate(x)
         out = torch.zeros_like(x, dtype=torch.float32)
         # the per-expert loop sizes its batches on the host (nonzero): neither export nor a CUDA
-        # graph capture can take that, so both use the dense dispatch (same maths)
+        # graph capture nor a compile trace can take that, so they use the dense dispatch, or the
+        # one-row form (same maths)
         if torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
-            return cast(self._add_shared(x, self._dense_dispatch(x, idx, w)), x_BSE.dtype).view_as(x_BSE)
+            # one row (a decode step of one sequence): its k experts are known without a host
+            # sync, so read only those; a symbolic batch is >= 2 in a trace, so this adds no guard
+            one_row = x.shape[0] == 1 and not self.for_export
+            routed = self._one_row_dispatch(x, idx, w) if one_row else self._dense_dispatch(x, idx, w)
+            return cast(self._add_shared(x, routed), x_BSE.dtype).view_as(x_BSE)
         for e, expert in enumerate(self.experts):
             tok, slot = torch.nonzero(idx == e, as_tuple=True)
             if tok.numel() == 0:
@@ -166,6 +171,19 @@ class MoE(nn.Module):
         # CUDA graphs, torch.compile: [E,T,I] @ [E,I,H] summed over E reads the transposed w2
         # where it is (the [E*I, H] reshape above is a strided copy of every expert on each call)
         return f32(torch.matmul(h.transpose(0, 1), w2.transpose(1, 2))).sum(0)
+
+    def _one_row_dispatch(self, x_1E: torch.Tensor, idx_1K: torch.Tensor, w_1K: torch.Tensor) -> torch.Tensor:
+        """Graph-capture form for one row: gather the k routed experts' weights ([k, I, H], a
+        copy of k/E of each stack) and run them batched; the same products as the per-expert
+        loop, summed over the k in fp32. The dense form reads all E experts at any batch."""
+        w1, w3, w2 = self.stacked_weights()
+        sel = idx_1K[0]
+        limit = self.experts[0].limit
+        gate = f32(torch.matmul(x_1E, w1[sel].transpose(1, 2)))  # [k, 1, I]
+        up = f32(torch.matmul(x_1E, w3[sel].transpose(1, 2)))
+        h = F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit) * w_1K[0].view(-1, 1, 1)
+        out = f32(torch.matmul(cast(h, x_1E.dtype), w2[sel].transpose(1, 2)))  # [k, 1, H]
+        return out.sum(0)
 
     def _add_shared(self, x_TE: torch.Tensor, out_TE: torch.Tensor) -> torch.Tensor:
         if self.shared_experts is None:

@@ -1,7 +1,8 @@
 """The graph forms of two grouped products against the forms they replace.
 
 The MoE's dense dispatch (what export and CUDA-graph capture run: every expert on every row,
-weight 0 where not routed) against its per-expert loop, and the grouped o-projection against
+weight 0 where not routed) and its one-row form (a captured or compiled step of one sequence:
+only the routed experts) against its per-expert loop, and the grouped o-projection against
 each group's own map. Both are MatMuls, not einsum, because ONNX's Einsum has no bfloat16 type
 (test_export checks bf16 graphs with the ONNX checker)."""
 
@@ -43,6 +44,27 @@ def test_dense_dispatch_bf16_within_the_rounding_rule(tiny_model, gen):
         err_loop = (loop_moe(low, x) - exact).abs().max().item()
         err_dense = (dense_moe(low, x) - exact).abs().max().item()
     assert err_dense <= kernel_bound(err_loop, torch.bfloat16), (err_dense, err_loop)
+
+
+def one_row_moe(moe, x_1E):
+    idx, w = moe.gate(x_1E)
+    return moe._add_shared(x_1E, moe._one_row_dispatch(x_1E, idx, w))
+
+
+def test_one_row_dispatch_equals_the_expert_loop(tiny_model, gen):
+    """The graph form of a one-sequence decode step (only the k routed experts, gathered): the
+    loop's result in fp32, and in bf16 within the §7 bound of the loop's own bf16 error."""
+    moe = tiny_model.layers[0].ffn
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(1, tiny_model.cfg.hidden_size, generator=gen)
+            assert_close(one_row_moe(moe, x), loop_moe(moe, x), OP_FP32, "one-row dispatch, fp32")
+        exact = loop_moe(moe, x)
+        low = copy.deepcopy(moe).to(torch.bfloat16)
+        xb = x.to(torch.bfloat16)
+        err_loop = (loop_moe(low, xb) - exact).abs().max().item()
+        err_one = (one_row_moe(low, xb) - exact).abs().max().item()
+    assert err_one <= kernel_bound(err_loop, torch.bfloat16), (err_one, err_loop)
 
 
 @pytest.mark.parametrize("rows", [1, 5])
@@ -106,7 +128,8 @@ def _traced_call_targets(module, x) -> list[str]:
 
 
 def test_a_runtime_trace_reads_the_expert_stack_and_export_stacks_the_parameters(tiny_cfg, gen):
-    """torch.compile (the torch-compiled backend) traces the dispatch over the stored stack; only
+    """torch.compile (the torch-compiled backend) traces the dispatch over the stored stack (for
+    one row, only the routed experts); only
     inside export_form (the ONNX export) does the graph stack the parameters and take one MatMul
     over [E*I, H]. Both give the eager result. Keyed on torch.compiler.is_exporting(), torch
     2.11's compile trace took the export form and copied all experts every step; the flag is
@@ -128,4 +151,11 @@ def test_a_runtime_trace_reads_the_expert_stack_and_export_stacks_the_parameters
                      "traced runtime form")
     stacks = [t for t in exported if "stack" in t]
     assert "stack" not in " ".join(runtime) and len(stacks) == 3, (runtime, exported)
+    # one row: the k routed experts only (no dense routing weights scattered over all E)
+    one = x[:, :1]
+    with torch.no_grad():
+        one_row = _traced_call_targets(moe, one)
+        assert_close(torch.compile(moe, backend="eager", fullgraph=True)(one)[0].float(),
+                     loop_moe(moe, one[0]), OP_FP32, "traced one-row form")
+    assert any("scatter" in t for t in runtime) and not any("scatter" in t for t in one_row)
     torch._dynamo.reset()
