@@ -14,7 +14,8 @@ Every engine checks its I/O against the contract (and, for bundles, the manifest
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -57,6 +58,13 @@ class TorchEngine:
             raise ValueError(f"unknown graph {graph!r}; graphs: {GRAPHS}")
         if ops is not None:
             model.ops.backend = ops
+        device = next(model.parameters()).device
+        if model.ops.backend == "triton" and device.type != "cuda":
+            from dsflash.plugins.launch import interpreting
+
+            if not interpreting():  # fail here, not after a compile or deep inside the first step
+                raise ValueError(f"the Triton kernels need the model on a CUDA device, not {device} "
+                                 "(or TRITON_INTERPRET=1 to run them in the interpreter on the CPU)")
         self.graph, self.module = graph, GraphModule(model, graph).eval()
         self._step = self.module  # what runs one-row steps
         if compile is not None:
@@ -68,7 +76,6 @@ class TorchEngine:
             self._step = torch.compile(self.module, backend=compile, fullgraph=True, dynamic=True)
         self._graphed = None
         if cuda_graph:
-            device = next(model.parameters()).device
             if device.type != "cuda":
                 raise ValueError(f"cuda_graph=True needs the model on a CUDA device, not {device}")
             from dsflash.runtime.cuda_graph import GraphedStep

@@ -117,7 +117,7 @@ def test_torch_compiled_backend_compiles_the_decode_step_only(tiny_cfg):
     from dsflash.model.model import DSFlashModel
     from dsflash.runtime.engine import BACKENDS, make_engines
 
-    model = DSFlashModel(tiny_cfg).init_weights(seed=7).eval()
+    model = DSFlashModel(tiny_cfg).init_weights(seed=7).eval().to(DEVICE)
     engines = make_engines("torch-compiled", model=model)
     assert model.ops.backend == "triton"
     decode, prefill = engines["decoder_step"], engines["encoder_prefill"]
@@ -126,3 +126,17 @@ def test_torch_compiled_backend_compiles_the_decode_step_only(tiny_cfg):
     assert "torch-compiled" in BACKENDS
     with pytest.raises(ValueError, match="unknown backend 'torch-inductor'; backends: .*torch-compiled"):
         make_engines("torch-inductor", model=model)
+
+
+def test_kernel_engines_on_the_cpu_need_the_interpreter(tiny_cfg, monkeypatch):
+    """Without CUDA and without TRITON_INTERPRET=1 a kernel engine refuses at construction,
+    before any compile, naming the device and the way out."""
+    from dsflash.model.model import DSFlashModel
+    from dsflash.runtime.engine import make_engines
+
+    model = DSFlashModel(tiny_cfg).eval()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    for backend in ("torch-triton", "torch-compiled"):
+        with pytest.raises(ValueError,
+                           match=r"need the model on a CUDA device, not cpu \(or TRITON_INTERPRET=1"):
+            make_engines(backend, model=model)
