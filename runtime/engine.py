@@ -157,8 +157,8 @@ def make_engines(backend: str, bundle=None, model=None) -> dict[str, Engine]:
     if backend in TORCH_BACKENDS:
         if model is None:
             raise ValueError(f"the {backend} backend needs the reference model")
-        if backend == "torch":
-            return {g: TorchEngine(model, g) for g in GRAPHS}
+        if backend == "torch":  # the reference ops, whatever the shared OpSet ran before
+            return {g: TorchEngine(model, g, ops="reference") for g in GRAPHS}
         # the kernels; on a GPU the decode step (fixed shapes per batch size) becomes a CUDA graph;
         # torch-compiled compiles it first (inductor fuses the ops between the kernels)
         on_gpu = next(model.parameters()).is_cuda

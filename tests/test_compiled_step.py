@@ -124,6 +124,8 @@ def test_torch_compiled_backend_compiles_the_decode_step_only(tiny_cfg):
     assert decode._step is not decode.module and hasattr(decode._step, "_torchdynamo_orig_callable")
     assert prefill._step is prefill.module
     assert "torch-compiled" in BACKENDS
+    make_engines("torch", model=model)  # the same model back on the reference ops
+    assert model.ops.backend == "reference"
     with pytest.raises(ValueError, match="unknown backend 'torch-inductor'; backends: .*torch-compiled"):
         make_engines("torch-inductor", model=model)
 
