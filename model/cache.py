@@ -151,10 +151,7 @@ class ModelCache:
 
     def check_room(self, idx: torch.Tensor, new_rows: int) -> None:
         lens = self.seq_len[idx]
-        need = int(lens.max()) + new_rows if lens.numel() else new_rows
-        if need > self.capacity:
-            raise ValueError(f"sequence would reach {need} tokens, over the cache capacity "
-                             f"{self.capacity}")
+        check_capacity(int(lens.max()) + new_rows if lens.numel() else new_rows, self.capacity)
 
     def gather(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """The state of the selected slots (batch axis first except the per-layer ring)."""
@@ -206,6 +203,12 @@ def _slots_of(name: str, pool: torch.Tensor, index) -> torch.Tensor:
     """Slots `index` of a state tensor: the slot axis is the second for the per-layer ring
     (swa_kv [L, B, W, D]) and the first for every other state tensor (state_layout)."""
     return pool[:, index] if name == "swa_kv" else pool[index]
+
+
+def check_capacity(need: int, capacity: int) -> None:
+    """A step that would take a sequence to `need` tokens must fit the cache's capacity."""
+    if need > capacity:
+        raise ValueError(f"sequence would reach {need} tokens, over the cache capacity {capacity}")
 
 
 def check_slot_ids(slots, batch: int) -> list[int]:

@@ -18,10 +18,13 @@ from torch import nn
 from dsflash.model.dtypes import cast, f32
 
 
-def clamped_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, limit: float) -> torch.Tensor:
-    gate = f32(F.linear(x, w1))
-    up = f32(F.linear(x, w3))
+def clamp_silu_mul(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """The expert's hidden activation from its fp32 gate and up projections."""
     return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
+
+
+def clamped_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, limit: float) -> torch.Tensor:
+    return clamp_silu_mul(f32(F.linear(x, w1)), f32(F.linear(x, w3)), limit)
 
 
 class Expert(nn.Module):
@@ -131,7 +134,8 @@ class MoE(nn.Module):
 
     def forward(self, x_BSE: torch.Tensor) -> torch.Tensor:
         if self.dense:
-            return self.w2(cast(clamped_swiglu(x_BSE, self.w1.weight, self.w3.weight, self.limit), x_BSE.dtype))
+            h = clamped_swiglu(x_BSE, self.w1.weight, self.w3.weight, self.limit)
+            return self.w2(cast(h, x_BSE.dtype))
         x = x_BSE.flatten(0, -2)
         idx, w = self.gate(x)
         out = torch.zeros_like(x, dtype=torch.float32)
@@ -162,7 +166,7 @@ class MoE(nn.Module):
         gate = f32(torch.matmul(x_TE, w1.transpose(1, 2))).transpose(0, 1)  # [E,T,I] -> [T,E,I]
         up = f32(torch.matmul(x_TE, w3.transpose(1, 2))).transpose(0, 1)
         limit = self.experts[0].limit
-        h = F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit) * dense_w.unsqueeze(-1)
+        h = clamp_silu_mul(gate, up, limit) * dense_w.unsqueeze(-1)
         h = cast(h, x_TE.dtype)
         if self.for_export:
             # export: one MatMul over [E*I, H] (the weights are initializers, folded at load)
@@ -172,7 +176,8 @@ class MoE(nn.Module):
         # where it is (the [E*I, H] reshape above is a strided copy of every expert on each call)
         return f32(torch.matmul(h.transpose(0, 1), w2.transpose(1, 2))).sum(0)
 
-    def _one_row_dispatch(self, x_1E: torch.Tensor, idx_1K: torch.Tensor, w_1K: torch.Tensor) -> torch.Tensor:
+    def _one_row_dispatch(self, x_1E: torch.Tensor, idx_1K: torch.Tensor,
+                          w_1K: torch.Tensor) -> torch.Tensor:
         """Graph-capture form for one row: gather the k routed experts' weights ([k, I, H], a
         copy of k/E of each stack) and run them batched; the same products as the per-expert
         loop, summed over the k in fp32. The dense form reads all E experts at any batch."""
@@ -181,7 +186,7 @@ class MoE(nn.Module):
         limit = self.experts[0].limit
         gate = f32(torch.matmul(x_1E, w1[sel].transpose(1, 2)))  # [k, 1, I]
         up = f32(torch.matmul(x_1E, w3[sel].transpose(1, 2)))
-        h = F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit) * w_1K[0].view(-1, 1, 1)
+        h = clamp_silu_mul(gate, up, limit) * w_1K[0].view(-1, 1, 1)
         out = f32(torch.matmul(cast(h, x_1E.dtype), w2[sel].transpose(1, 2)))  # [k, 1, H]
         return out.sum(0)
 

@@ -15,7 +15,7 @@ import torch
 
 from dsflash.export.graphs import additions_for_cache
 from dsflash.model.accounting import global_kv_bytes_per_token, max_sequences, per_sequence_bytes
-from dsflash.model.cache import ModelCache, check_slot_ids
+from dsflash.model.cache import ModelCache, check_capacity, check_slot_ids
 from dsflash.model.config import ModelConfig
 
 
@@ -86,10 +86,7 @@ class CacheManager:
         ascending run (the generator keeps its running sequences in the lowest slots, so a
         decode step copies no state), else the gathered state of the slots."""
         slots = check_slot_ids(slots, self.slots)
-        need = max((self._lens[s] for s in slots), default=0) + ids.shape[1]
-        if need > self.capacity:
-            raise ValueError(f"sequence would reach {need} tokens, over the cache capacity "
-                             f"{self.capacity}")
+        check_capacity(max((self._lens[s] for s in slots), default=0) + ids.shape[1], self.capacity)
         run = self.cache.slot_run(slots)
         state = self.cache.views(run) if run is not None else self.cache.gather(self._slot_index(slots))
         ids = ids.to(state["seq_len"].device)  # the pools' device (the generator builds ids on the host)
