@@ -30,7 +30,9 @@ class Runtime:
 
     @classmethod
     def from_bundle(cls, path: str | Path, backend: str = "ort", slots: int = 4, capacity: int = 512,
-                    tokenizer: str | Path | None = None) -> "Runtime":
+                    tokenizer: str | Path | None = None, compile_options: dict | None = None
+                    ) -> "Runtime":
+        """compile_options: inductor settings for torch-compiled (e.g. engine.TUNED_COMPILE)."""
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; backends: {BACKENDS}")
         bundle = Bundle.open(path)
@@ -43,7 +45,7 @@ class Runtime:
             from dsflash.runtime.weights import model_from_bundle
 
             model = model_from_bundle(bundle).to(device)
-        engines = make_engines(backend, bundle=bundle, model=model)
+        engines = make_engines(backend, bundle=bundle, model=model, compile_options=compile_options)
         tok = HFTokenizer(tokenizer) if tokenizer else ByteTokenizer(bundle.config.vocab_size)
         cache = CacheManager(bundle.config, slots, capacity, device=device)
         return cls(Generator(engines, cache, tok), backend)

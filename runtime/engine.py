@@ -24,6 +24,12 @@ from dsflash.export.contract import GRAPHS, graph_inputs, graph_outputs
 
 BACKENDS = ("torch", "torch-triton", "torch-compiled", "ort", "ort-plugin", "ort-cuda", "trt")
 TORCH_BACKENDS = ("torch", "torch-triton", "torch-compiled")
+# inductor settings that made the small preset's compiled decode step ~1.3x faster on the H200,
+# for about twice the compile time (docs/benchmarks.md, session 17: batch 1 2.84 -> 2.10-2.15 ms,
+# 3.0x the graphed step; batch 32 2.4x it): every generated kernel's block sizes tuned by timing,
+# and one-row matmuls lowered to reductions fused with their neighbours (inductor's mm
+# decomposition does that only under this setting)
+TUNED_COMPILE = {"coordinate_descent_tuning": True}
 
 
 class Engine(Protocol):
@@ -42,7 +48,7 @@ def _check_feeds(engine, inputs: dict) -> None:
 
 class TorchEngine:
     def __init__(self, model, graph: str, ops: str | None = None, cuda_graph: bool = False,
-                 compile: str | Callable | None = None):
+                 compile: str | Callable | None = None, compile_options: dict | None = None):
         """ops: switch the model's op backend ("reference", "triton"); note the model's OpSet is
         shared by both graphs' engines. cuda_graph: capture and replay one-row steps (decode)
         as CUDA graphs, one per batch size (needs a CUDA model); multi-row calls (prefill
@@ -51,7 +57,9 @@ class TorchEngine:
         traced as one graph (the custom ops stay opaque: plugins/triton_ops.py) so the PyTorch
         ops between them are fused; a CUDA graph then replays the compiled step. Shapes are
         symbolic (dynamic=True), so a batch of one sequence compiles once and every larger batch
-        once more (each 1-2 minutes for the small preset on the H200); prefill stays eager."""
+        once more (each 1-2 minutes for the small preset on the H200); prefill stays eager.
+        compile_options: inductor settings for that compile (torch.compile's `options`, e.g.
+        {"max_autotune_gemm": True}); only with compile="inductor"."""
         from dsflash.export.graphs import GraphModule
 
         if graph not in GRAPHS:
@@ -67,13 +75,17 @@ class TorchEngine:
                                  "(or TRITON_INTERPRET=1 to run them in the interpreter on the CPU)")
         self.graph, self.module = graph, GraphModule(model, graph).eval()
         self._step = self.module  # what runs one-row steps
+        if compile_options and compile != "inductor":
+            raise ValueError(f"compile_options {sorted(compile_options)} are inductor settings; "
+                             f"compile is {compile!r}")
         if compile is not None:
             from dsflash.model.moe import MoE
 
             for m in model.modules():  # the trace reads each MoE's expert stack as it is
                 if isinstance(m, MoE) and not m.dense:
                     m.stack_experts()
-            self._step = torch.compile(self.module, backend=compile, fullgraph=True, dynamic=True)
+            self._step = torch.compile(self.module, backend=compile, fullgraph=True, dynamic=True,
+                                       options=dict(compile_options) if compile_options else None)
         self._graphed = None
         if cuda_graph:
             if device.type != "cuda":
@@ -152,8 +164,12 @@ _NUMPY_DTYPE = {torch.float32: np.float32, torch.int64: np.int64, torch.bool: np
                 torch.float16: np.float16}
 
 
-def make_engines(backend: str, bundle=None, model=None) -> dict[str, Engine]:
-    """Both graphs' engines for a backend name."""
+def make_engines(backend: str, bundle=None, model=None, compile_options: dict | None = None
+                 ) -> dict[str, Engine]:
+    """Both graphs' engines for a backend name. compile_options: inductor settings for the
+    torch-compiled backend's decode step (TorchEngine; e.g. TUNED_COMPILE)."""
+    if compile_options is not None and backend != "torch-compiled":
+        raise ValueError(f"compile_options are for the torch-compiled backend, not {backend!r}")
     if backend in TORCH_BACKENDS:
         if model is None:
             raise ValueError(f"the {backend} backend needs the reference model")
@@ -164,7 +180,8 @@ def make_engines(backend: str, bundle=None, model=None) -> dict[str, Engine]:
         on_gpu = next(model.parameters()).is_cuda
         compiled = "inductor" if backend == "torch-compiled" else None
         return {g: TorchEngine(model, g, ops="triton", cuda_graph=on_gpu and g == "decoder_step",
-                               compile=compiled if g == "decoder_step" else None)
+                               compile=compiled if g == "decoder_step" else None,
+                               compile_options=compile_options if g == "decoder_step" else None)
                 for g in GRAPHS}
     if backend in ("ort", "ort-plugin", "ort-cuda"):
         if bundle is None:

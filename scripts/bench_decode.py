@@ -12,6 +12,12 @@ Modes (each after a warm-up, on the same state; the first step's logits are comp
   graph          the kernels in a CUDA graph that reads the cache pools in place
   compiled       the same, with the step compiled by torch.compile (inductor) first: the PyTorch
                  ops between the kernels fused (TorchEngine(compile="inductor"))
+  compiled-autotune  compiled, inductor choosing each matmul among its Triton templates and
+                 cuBLAS by timing them (max_autotune_gemm; a longer compile)
+  compiled-cdt   compiled with engine.TUNED_COMPILE: inductor's own kernels' block sizes tuned
+                 by timing (coordinate_descent_tuning), which also lowers one-row matmuls to
+                 reductions fused with their neighbours (a longer compile)
+  compiled-tuned  both settings
 
 Prints ms per step, tokens/s, the last mode's ratio to each other mode, and the roofline
 fraction: the bytes a step must read (weights once, the cache it attends to;
@@ -39,10 +45,13 @@ from dsflash.model.accounting import decode_step_bytes
 from dsflash.model.config import ModelConfig
 from dsflash.model.model import DSFlashModel
 from dsflash.runtime.cache_manager import CacheManager, synthetic_cache
-from dsflash.runtime.engine import TorchEngine
+from dsflash.runtime.engine import TUNED_COMPILE, TorchEngine
 
-MODES = ("reference", "triton", "graph-copy", "graph", "compiled")
-GRAPHED = ("graph-copy", "graph", "compiled")
+# inductor settings of each compiled mode (TorchEngine's compile_options)
+COMPILED = {"compiled": None, "compiled-autotune": {"max_autotune_gemm": True},
+            "compiled-cdt": TUNED_COMPILE, "compiled-tuned": {**TUNED_COMPILE, "max_autotune_gemm": True}}
+MODES = ("reference", "triton", "graph-copy", "graph", *COMPILED)
+GRAPHED = ("graph-copy", "graph", *COMPILED)
 log = logging.getLogger("bench_decode")
 
 
@@ -61,15 +70,16 @@ def copy_bandwidth_GBps(device: str) -> float:
 
 
 def engine_for(model, mode: str, kept: dict | None = None) -> TorchEngine:
-    """A fresh engine per case, except a compiled one, which is kept in `kept` across cases: a
+    """A fresh engine per case, except compiled ones, which are kept in `kept` across cases: a
     new torch.compile wrapper would compile again (the runtime, too, keeps one engine)."""
     if kept is not None and mode in kept:
         model.ops.backend = "triton"  # another mode's engine may have switched the shared OpSet
         return kept[mode]
     ops = "reference" if mode == "reference" else "triton"
     engine = TorchEngine(model, "decoder_step", ops=ops, cuda_graph=mode in GRAPHED,
-                         compile="inductor" if mode == "compiled" else None)
-    if kept is not None and mode == "compiled":
+                         compile="inductor" if mode in COMPILED else None,
+                         compile_options=COMPILED.get(mode))
+    if kept is not None and mode in COMPILED:
         kept[mode] = engine
     return engine
 
@@ -172,7 +182,7 @@ def main() -> int:
     ap.add_argument("--config", default="small", choices=["tiny", "small"])
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--contexts", default="4096,130048")
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=",".join(MODES[:5]), help=f"of {MODES}")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
@@ -204,7 +214,7 @@ def main() -> int:
     log.info("%s", table(results, args.modes, bw))
     if args.profile:
         reports = [profile_graph_step(model, cfg, *cases[0], args, mode, kept)
-                   for mode in ("graph", "compiled") if mode in args.modes]
+                   for mode in ("graph", *COMPILED) if mode in args.modes]
         (out / "bench_decode_profile.md").write_text("\n\n".join(reports) + "\n")
         log.info("%s", "\n\n".join(reports))
     return 0

@@ -142,3 +142,30 @@ def test_kernel_engines_on_the_cpu_need_the_interpreter(tiny_cfg, monkeypatch):
         with pytest.raises(ValueError,
                            match=r"need the model on a CUDA device, not cpu \(or TRITON_INTERPRET=1"):
             make_engines(backend, model=model)
+
+
+def test_compile_options_are_inductor_settings(tiny_cfg):
+    """compile_options reach inductor's settings at construction (an unknown one is refused
+    there, not after a trace); with another compile backend, or through make_engines for another
+    runtime backend, they are refused by name."""
+    from dsflash.model.model import DSFlashModel
+    from dsflash.runtime.engine import TUNED_COMPILE, TorchEngine, make_engines
+
+    model = DSFlashModel(tiny_cfg).init_weights(seed=7).eval().to(DEVICE)
+    engine = TorchEngine(model, "decoder_step", ops="triton", compile="inductor",
+                         compile_options={"max_autotune_gemm": True})
+    assert engine._step is not engine.module
+    with pytest.raises(RuntimeError, match="max_autotune_gem"):
+        TorchEngine(model, "decoder_step", ops="triton", compile="inductor",
+                    compile_options={"max_autotune_gem": True})
+    with pytest.raises(ValueError, match=r"compile_options \['max_autotune_gemm'\] are inductor settings"):
+        TorchEngine(model, "decoder_step", ops="triton", compile=lambda gm, inputs: gm.forward,
+                    compile_options={"max_autotune_gemm": True})
+    # make_engines hands them to the compiled decode step only, and to no other backend
+    engines = make_engines("torch-compiled", model=model, compile_options=TUNED_COMPILE)
+    assert engines["decoder_step"]._step is not engines["decoder_step"].module
+    with pytest.raises(RuntimeError, match="coordinate_descent_tunin"):
+        make_engines("torch-compiled", model=model, compile_options={"coordinate_descent_tunin": True})
+    with pytest.raises(ValueError, match="are for the torch-compiled backend, not 'torch-triton'"):
+        make_engines("torch-triton", model=model, compile_options=TUNED_COMPILE)
+    torch._dynamo.reset()

@@ -9,7 +9,7 @@ from dsflash.model.config import ModelConfig
 from dsflash.model.generate import SamplingParams, generate
 from dsflash.runtime.api import Runtime
 from dsflash.runtime.cache_manager import CacheManager
-from dsflash.runtime.engine import make_engines
+from dsflash.runtime.engine import TUNED_COMPILE, make_engines
 from dsflash.runtime.generator import Generator
 from dsflash.runtime.request import GenerationParams, Request
 from dsflash.runtime.tokenizer import ByteTokenizer
@@ -133,6 +133,8 @@ def test_errors_are_clear(tiny_bundle, tiny_model):
         Runtime.from_bundle(tiny_bundle.path, backend="tensorflow")
     with pytest.raises(BundleError, match="not a bundle"):
         Runtime.from_bundle(tiny_bundle.path.parent, backend="ort")
+    with pytest.raises(ValueError, match="compile_options are for the torch-compiled backend, not 'ort'"):
+        Runtime.from_bundle(tiny_bundle.path, backend="ort", compile_options=TUNED_COMPILE)
     req = Request(0, [1], GenerationParams())
     with pytest.raises(RuntimeError, match="illegal transition waiting -> decoding"):
         req.advance("decoding")
