@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Iterator
 
@@ -30,7 +31,7 @@ class Runtime:
 
     @classmethod
     def from_bundle(cls, path: str | Path, backend: str = "ort", slots: int = 4, capacity: int = 512,
-                    tokenizer: str | Path | None = None, compile_options: dict | None = None
+                    tokenizer: str | Path | None = None, compile_options: Mapping | None = None
                     ) -> "Runtime":
         """compile_options: inductor settings for torch-compiled (e.g. engine.TUNED_COMPILE)."""
         if backend not in BACKENDS:
@@ -49,6 +50,11 @@ class Runtime:
         tok = HFTokenizer(tokenizer) if tokenizer else ByteTokenizer(bundle.config.vocab_size)
         cache = CacheManager(bundle.config, slots, capacity, device=device)
         return cls(Generator(engines, cache, tok), backend)
+
+    def warm_up(self, batch_sizes=None, prompt_lengths=()) -> dict[str, float]:
+        """Compile and capture what serving will need before the first request (Generator.warm_up):
+        call it once after from_bundle; -> seconds per warmed step."""
+        return self.generator.warm_up(batch_sizes, prompt_lengths)
 
     def _encode(self, prompt) -> list[int]:
         return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)

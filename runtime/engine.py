@@ -14,7 +14,8 @@ Every engine checks its I/O against the contract (and, for bundles, the manifest
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Protocol
 
 import numpy as np
@@ -29,7 +30,7 @@ TORCH_BACKENDS = ("torch", "torch-triton", "torch-compiled")
 # 3.0x the graphed step; batch 32 2.4x it): every generated kernel's block sizes tuned by timing,
 # and one-row matmuls lowered to reductions fused with their neighbours (inductor's mm
 # decomposition does that only under this setting)
-TUNED_COMPILE = {"coordinate_descent_tuning": True}
+TUNED_COMPILE = MappingProxyType({"coordinate_descent_tuning": True})  # read-only
 
 
 class Engine(Protocol):
@@ -48,7 +49,7 @@ def _check_feeds(engine, inputs: dict) -> None:
 
 class TorchEngine:
     def __init__(self, model, graph: str, ops: str | None = None, cuda_graph: bool = False,
-                 compile: str | Callable | None = None, compile_options: dict | None = None):
+                 compile: str | Callable | None = None, compile_options: Mapping | None = None):
         """ops: switch the model's op backend ("reference", "triton"); note the model's OpSet is
         shared by both graphs' engines. cuda_graph: capture and replay one-row steps (decode)
         as CUDA graphs, one per batch size (needs a CUDA model); multi-row calls (prefill
@@ -164,7 +165,7 @@ _NUMPY_DTYPE = {torch.float32: np.float32, torch.int64: np.int64, torch.bool: np
                 torch.float16: np.float16}
 
 
-def make_engines(backend: str, bundle=None, model=None, compile_options: dict | None = None
+def make_engines(backend: str, bundle=None, model=None, compile_options: Mapping | None = None
                  ) -> dict[str, Engine]:
     """Both graphs' engines for a backend name. compile_options: inductor settings for the
     torch-compiled backend's decode step (TorchEngine; e.g. TUNED_COMPILE)."""

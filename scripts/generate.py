@@ -38,6 +38,9 @@ def main() -> int:
     ap.add_argument("--tuned-compile", action="store_true",
                     help="torch-compiled: tune inductor's kernels by timing (TUNED_COMPILE: a faster "
                          "decode step for about twice the compile time)")
+    ap.add_argument("--warm-up", action="store_true",
+                    help="compile and capture every decode batch size and the prompts' prefills "
+                         "before generating (Runtime.warm_up), so the timings are serving speed")
     args = ap.parse_args()
     if args.tuned_compile and args.backend != "torch-compiled":
         ap.error(f"--tuned-compile is for --backend torch-compiled, not {args.backend}")
@@ -55,6 +58,11 @@ def main() -> int:
         sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 seed=args.seed),
         max_new_tokens=args.max_new_tokens, prefill_mode=args.prefill)
+    if args.warm_up:
+        lengths = sorted({len(rt.tokenizer.encode(p)) for p in prompts})
+        seconds = rt.warm_up(prompt_lengths=lengths if args.prefill == "replay" else ())
+        logging.info("warm-up: %.1f s (%s)", sum(seconds.values()),
+                     ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()))
     t0 = time.perf_counter()
     if args.stream:
         for prompt in prompts:

@@ -150,6 +150,50 @@ def test_more_requests_than_slots_all_finish(tiny_bundle, tiny_model, gen):
     assert all(done[i].time_to_first_token is not None for i in ids)
 
 
+class RecordingEngine:
+    """An engine that records each call's ids shape and whether the state was read in place."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+        self.input_names, self.output_names = engine.input_names, engine.output_names
+
+    def run(self, feeds, resident=()):
+        self.calls.append((tuple(feeds["ids"].shape), bool(resident)))
+        return self.engine.run(feeds, resident=resident)
+
+
+def test_warm_up_runs_the_served_steps_and_leaves_the_cache_alone(tiny_bundle, tiny_model, gen):
+    """warm_up runs the decode step of every batch size on the lowest slots, in place, as decode
+    batches do, and the replay prefill of each prompt length; the cache is untouched and what is
+    generated afterwards equals a fresh generator's. Bad sizes name the value and the limit."""
+    cfg = tiny_model.cfg
+    w = cfg.sliding_window
+    engines = {n: RecordingEngine(e) for n, e in engines_for("torch", tiny_bundle, tiny_model).items()}
+    g = Generator(engines, CacheManager(cfg, 3, 64))
+    before = {k: v.clone() for k, v in g.cache.cache.tensors.items()}
+    seconds = g.warm_up(prompt_lengths=(5, w + 7))
+    assert list(seconds) == ["prefill 5", f"prefill {w + 7}", "decode 1", "decode 2", "decode 3"]
+    assert all(t > 0 for t in seconds.values())
+    assert engines["encoder_prefill"].calls == [((1, 7), True)]
+    assert engines["decoder_step"].calls == [((1, 5), True), ((1, w), True),
+                                             ((1, 1), True), ((2, 1), True), ((3, 1), True)]
+    assert all(torch.equal(before[k], v) for k, v in g.cache.cache.tensors.items())
+    assert g.warm_up(batch_sizes=[2]).keys() == {"decode 2"}
+    prompts = [random_ids(gen, 1, n, cfg.vocab_size)[0].tolist() for n in (12, 4)]
+    fresh = Generator(engines_for("torch", tiny_bundle, tiny_model), CacheManager(cfg, 3, 64))
+    for gg in (g, fresh):
+        for p in prompts:
+            gg.add(p, GenerationParams(max_new_tokens=6))
+    assert [r.tokens for r in g.run().values()] == [r.tokens for r in fresh.run().values()]
+    with pytest.raises(ValueError, match=r"warm-up batch size 4 outside \[1, 3\] \(the cache's slots\)"):
+        g.warm_up(batch_sizes=[1, 4])
+    with pytest.raises(ValueError, match=r"warm-up prompt length 65 outside \[1, 64\]"):
+        g.warm_up(prompt_lengths=[65])
+    g.add(prompts[0], GenerationParams(max_new_tokens=2))
+    with pytest.raises(RuntimeError, match="warm_up needs an idle generator: 1 waiting and 0 running"):
+        g.warm_up()
+
+
 def test_runtime_facade_streams_text(tiny_bundle):
     rt = Runtime.from_bundle(tiny_bundle.path, backend="ort", slots=2, capacity=64)
     events = list(rt.stream("hello", GenerationParams(max_new_tokens=6)))
@@ -157,6 +201,7 @@ def test_runtime_facade_streams_text(tiny_bundle):
     [req] = rt.generate(["hello"], GenerationParams(max_new_tokens=6))
     assert req.tokens == [e.token for e in events]
     assert req.text == "".join(e.text for e in events)
+    assert set(rt.warm_up(batch_sizes=[1, 2])) == {"decode 1", "decode 2"}
 
 
 def rss_bytes() -> int:

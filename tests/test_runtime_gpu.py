@@ -41,7 +41,8 @@ def test_graphed_step_reads_resident_inputs_in_place_and_copies_the_rest():
 def test_generator_decodes_through_graphs_that_read_the_cache_in_place(tiny_cfg, gen):
     """Greedy tokens through graphed Triton decode steps reading the pools in place equal the
     reference ops' eager run, and so do those of the steps compiled by inductor first
-    (torch-compiled); requests finish early, so sequences move between slots."""
+    (torch-compiled); requests finish early, so sequences move between slots. The kernel
+    backends are warmed up first (Generator.warm_up), after which serving captures no graph."""
     from dsflash.model.model import DSFlashModel
     from dsflash.runtime.cache_manager import CacheManager
     from dsflash.runtime.engine import make_engines
@@ -58,11 +59,39 @@ def test_generator_decodes_through_graphs_that_read_the_cache_in_place(tiny_cfg,
         model = DSFlashModel(tiny_cfg).init_weights(seed=1234).eval().cuda()
         engines = make_engines(backend, model=model)
         g = Generator(engines, CacheManager(tiny_cfg, 3, 64, device="cuda"))
+        if backend != "torch":  # compile (torch-compiled) and capture every decode batch size first
+            assert set(g.warm_up()) == {"decode 1", "decode 2", "decode 3"}
+            warmed = list(engines["decoder_step"]._graphed._graphs)
         ids = [g.add(p, GenerationParams(max_new_tokens=n)) for p, n in zip(prompts, lengths)]
         done = g.run()
         runs[backend] = [done[i].tokens for i in ids]
         if backend != "torch":
             keys = list(engines["decoder_step"]._graphed._graphs)
             assert keys and all(places for _, places in keys), "a decode step copied the cache in"
+            assert set(keys) == set(warmed), "serving captured a graph the warm-up did not"
     assert runs["torch-triton"] == runs["torch"]
     assert runs["torch-compiled"] == runs["torch"]
+
+
+def test_tuned_compile_step_gives_the_eager_kernels_results(tiny_cfg):
+    """TUNED_COMPILE (coordinate descent tuning, which lowers one-row matmuls to fused reductions):
+    the compiled decode step of 1 and of 3 sequences within MODEL of the eager kernels (fp32)."""
+    from dsflash.model.model import DSFlashModel
+    from dsflash.runtime.cache_manager import synthetic_cache
+    from dsflash.runtime.engine import TUNED_COMPILE, TorchEngine
+
+    from tolerances import MODEL, assert_close
+
+    torch._dynamo.reset()
+    model = DSFlashModel(tiny_cfg).init_weights(seed=11).eval().cuda()
+    tuned = TorchEngine(model, "decoder_step", ops="triton", compile="inductor",
+                        compile_options=TUNED_COMPILE)
+    eager = TorchEngine(model, "decoder_step", ops="triton")
+    for batch, context in ((1, 40), (3, 21)):
+        cm = synthetic_cache(tiny_cfg, batch, context, 2, "cuda", torch.float32, seed=batch)
+        ids = torch.randint(0, tiny_cfg.vocab_size, (batch, 1))
+        feeds = cm.feeds(list(range(batch)), tuned.input_names, ids)
+        got, want = tuned.run(feeds), eager.run(feeds)
+        for name in tuned.output_names:
+            assert_close(got[name].float(), want[name].float(), MODEL, f"batch {batch}: {name}")
+    torch._dynamo.reset()
