@@ -51,10 +51,10 @@ class Runtime:
         cache = CacheManager(bundle.config, slots, capacity, device=device)
         return cls(Generator(engines, cache, tok), backend)
 
-    def warm_up(self, batch_sizes=None, prompt_lengths=()) -> dict[str, float]:
+    def warm_up(self, batch_sizes=None, prompt_lengths=(), prefill_mode: str = "replay") -> dict[str, float]:
         """Compile and capture what serving will need before the first request (Generator.warm_up):
         call it once after from_bundle; -> seconds per warmed step."""
-        return self.generator.warm_up(batch_sizes, prompt_lengths)
+        return self.generator.warm_up(batch_sizes, prompt_lengths, prefill_mode)
 
     def _encode(self, prompt) -> list[int]:
         return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)

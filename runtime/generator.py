@@ -71,13 +71,14 @@ class Generator:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def warm_up(self, batch_sizes=None, prompt_lengths=()) -> dict[str, float]:
+    def warm_up(self, batch_sizes=None, prompt_lengths=(), prefill_mode: str = "replay") -> dict[str, float]:
         """Run the steps that traffic will need before it arrives, so that no request waits on
         a compile or a capture: the decode step for each batch size (default: 1 to every slot),
         on the lowest slots as the decode batches use them (torch-compiled compiles its two
         graphs, 1-4 minutes for the small preset on the H200; graphed backends capture one CUDA
-        graph per size), and the prefill of each prompt length in `prompt_lengths` (eager:
-        Triton compiles its kernels for those shapes). Nothing is written to the cache; the
+        graph per size), and the prefill of each prompt length in `prompt_lengths` as
+        `prefill_mode` runs it (eager: Triton compiles its kernels for those shapes). Nothing is
+        written to the cache; the
         generator must be idle. -> seconds per warmed step, by name ("decode 4", "prefill 300")."""
         if self.has_unfinished():
             raise RuntimeError(f"warm_up needs an idle generator: {len(self.waiting)} waiting and "
@@ -87,14 +88,16 @@ class Generator:
         for b in sizes:
             if not 1 <= b <= slots:
                 raise ValueError(f"warm-up batch size {b} outside [1, {slots}] (the cache's slots)")
+        if prefill_mode not in ("replay", "exact"):
+            raise ValueError(f"prefill_mode {prefill_mode!r}: 'replay' or 'exact'")
         for n in prompt_lengths:
             if not 1 <= int(n) <= self.cache.capacity:
                 raise ValueError(f"warm-up prompt length {n} outside [1, {self.cache.capacity}] "
                                  "(the cache capacity)")
         seconds = {}
-        for n in (int(n) for n in prompt_lengths):  # as _prefill splits a replay prompt
+        for n in (int(n) for n in prompt_lengths):  # as _prefill splits the prompt
             t0 = time.perf_counter()
-            split = max(n - self.cfg.sliding_window, 0)
+            split = max(n - self.cfg.sliding_window, 0) if prefill_mode == "replay" else 0
             if split:
                 self._run("encoder_prefill", [0], torch.zeros(1, split, dtype=torch.int64))
             self._run("decoder_step", [0], torch.zeros(1, n - split, dtype=torch.int64))

@@ -60,7 +60,7 @@ def main() -> int:
         max_new_tokens=args.max_new_tokens, prefill_mode=args.prefill)
     if args.warm_up:
         lengths = sorted({len(rt.tokenizer.encode(p)) for p in prompts})
-        seconds = rt.warm_up(prompt_lengths=lengths if args.prefill == "replay" else ())
+        seconds = rt.warm_up(prompt_lengths=lengths, prefill_mode=args.prefill)
         logging.info("warm-up: %.1f s (%s)", sum(seconds.values()),
                      ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()))
     t0 = time.perf_counter()

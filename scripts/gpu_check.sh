@@ -9,7 +9,9 @@
 # --decode-only: the whole-step benchmark (bench_decode.py --profile). On a fresh H200 the tests
 # took 7 min with a cold Triton cache, 3-7 min since, the kernel benchmarks about 4 min and the
 # decode benchmark about 6 (two inductor compiles of 1-2 min for the compiled mode, 2026-12-04):
-# more than one 10-minute device call, so run the three parts as three calls there.)
+# more than one 10-minute device call, so run the three parts as three calls there. The tests'
+# pytest took 403 s on 2026-12-04 before tests/test_runtime_gpu.py gained the tuned-compile test
+# (two more tiny compiles); if --tests-only nears 10 minutes, run that file in a call of its own.)
 # The ort-cuda tests also run when onnxruntime-gpu is on PYTHONPATH and DSFLASH_TINY_BUNDLE names a
 # portable tiny bundle made on the CPU machine (the GPU machine has no onnxruntime-gpu and no
 # network: carry the wheel in parts with ../shared/tools/carry-wheel.sh, see docs/benchmarks.md).

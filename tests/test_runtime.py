@@ -179,6 +179,9 @@ def test_warm_up_runs_the_served_steps_and_leaves_the_cache_alone(tiny_bundle, t
                                              ((1, 1), True), ((2, 1), True), ((3, 1), True)]
     assert all(torch.equal(before[k], v) for k, v in g.cache.cache.tensors.items())
     assert g.warm_up(batch_sizes=[2]).keys() == {"decode 2"}
+    g.warm_up(batch_sizes=[], prompt_lengths=[w + 3], prefill_mode="exact")  # the whole prompt at once
+    assert engines["decoder_step"].calls[-2:] == [((2, 1), True), ((1, w + 3), True)]
+    assert len(engines["encoder_prefill"].calls) == 1
     prompts = [random_ids(gen, 1, n, cfg.vocab_size)[0].tolist() for n in (12, 4)]
     fresh = Generator(engines_for("torch", tiny_bundle, tiny_model), CacheManager(cfg, 3, 64))
     for gg in (g, fresh):
@@ -189,6 +192,8 @@ def test_warm_up_runs_the_served_steps_and_leaves_the_cache_alone(tiny_bundle, t
         g.warm_up(batch_sizes=[1, 4])
     with pytest.raises(ValueError, match=r"warm-up prompt length 65 outside \[1, 64\]"):
         g.warm_up(prompt_lengths=[65])
+    with pytest.raises(ValueError, match="prefill_mode 'fast': 'replay' or 'exact'"):
+        g.warm_up(prefill_mode="fast")
     g.add(prompts[0], GenerationParams(max_new_tokens=2))
     with pytest.raises(RuntimeError, match="warm_up needs an idle generator: 1 waiting and 0 running"):
         g.warm_up()
