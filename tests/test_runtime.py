@@ -7,6 +7,7 @@ from dsflash.export.bundle import BundleError
 from dsflash.model.accounting import sequence_bytes
 from dsflash.model.config import ModelConfig
 from dsflash.model.generate import SamplingParams, generate
+from dsflash.model.model import DSFlashModel
 from dsflash.runtime.api import Runtime
 from dsflash.runtime.cache_manager import CacheManager
 from dsflash.runtime.engine import TUNED_COMPILE, make_engines
@@ -197,6 +198,22 @@ def test_warm_up_runs_the_served_steps_and_leaves_the_cache_alone(tiny_bundle, t
     g.add(prompts[0], GenerationParams(max_new_tokens=2))
     with pytest.raises(RuntimeError, match="warm_up needs an idle generator: 1 waiting and 0 running"):
         g.warm_up()
+
+
+def test_warm_up_on_the_kernels_starts_from_empty_slots(tiny_cfg):
+    """The kernel engines' warm-up runs their steps on empty slots (no visible entries: on the
+    GPU that is what compiles and captures), and what is generated afterwards equals the
+    reference ops' tokens (Triton interpreter on the CPU, fp32)."""
+    pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
+    model = DSFlashModel(tiny_cfg).init_weights(seed=3).eval()
+    tokens = {}
+    for backend in ("torch", "torch-triton"):
+        g = Generator(make_engines(backend, model=model), CacheManager(tiny_cfg, 2, 32))
+        if backend == "torch-triton":
+            assert set(g.warm_up(prompt_lengths=[1])) == {"prefill 1", "decode 1", "decode 2"}
+        rid = g.add([5], GenerationParams(max_new_tokens=3))
+        tokens[backend] = g.run()[rid].tokens
+    assert tokens["torch-triton"] == tokens["torch"]
 
 
 def test_runtime_facade_streams_text(tiny_bundle):
