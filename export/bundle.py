@@ -230,7 +230,8 @@ def write_bundle(model, out_dir: str | Path, name: str, flavors: tuple[str, ...]
     cfg.to_json(out / "config.json")
     dtype = str(model.embed.weight.dtype).removeprefix("torch.")
     files = sorted([graph_file(g, f) for g, f in protos] + ["weights.bin", "config.json"])
-    manifest = {"format": MANIFEST_FORMAT, "name": name, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    manifest = {"format": MANIFEST_FORMAT, "name": name, "created": created,
                 "export_seconds": round(time.time() - t0, 1), "dtype": dtype, "versions": versions(),
                 "config": cfg.to_dict(), "contract": contract_dict(cfg), "graphs": graphs,
                 "files": {f: sha256_file(out / f) for f in files}}

@@ -147,5 +147,6 @@ def pipelined_copies(ttgir: str) -> list[tuple[tuple[int, ...], str]]:
 def operand_loads(ttgir: str) -> list[tuple[tuple[int, ...], str, int]]:
     """(shape, element type, operand index) of every shared-memory load into a tensor-core dot
     operand's register layout in a TTGIR listing, e.g. ((64, 32), "f32", 0)."""
-    found = re.findall(r"ttg\.local_load\b[^\n]*-> tensor<((?:\d+x)+)(\w+), #ttg\.dot_op<\{opIdx = (\d)", ttgir)
+    found = re.findall(r"ttg\.local_load\b[^\n]*-> tensor<((?:\d+x)+)(\w+), "
+                       r"#ttg\.dot_op<\{opIdx = (\d)", ttgir)
     return [(tuple(int(d) for d in dims.rstrip("x").split("x")), elem, int(idx)) for dims, elem, idx in found]

@@ -114,7 +114,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--only", nargs="*", default=[], help="run only the variants whose names contain one of these")
+    ap.add_argument("--only", nargs="*", default=[],
+                    help="run only the variants whose names contain one of these")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import bench_kernels as bench  # here: the variant table and load_variant are tested on the CPU

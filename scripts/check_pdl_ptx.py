@@ -34,7 +34,8 @@ def check() -> list[str]:
             problems.append(f"{name}: no global memory instruction recognised in its PTX (the pattern "
                             "is out of date)")
         logging.info("%-18s PDL on: %d of its %d global memory instructions before the wait; PDL off: %s",
-                     name, len(early), len(found), "clean" if "griddepcontrol" not in off else "HAS griddepcontrol")
+                     name, len(early), len(found),
+                     "clean" if "griddepcontrol" not in off else "HAS griddepcontrol")
     return problems
 
 

@@ -3,7 +3,8 @@
 output becomes a graph output, both providers run the same feeds (a fresh cache and a few ids),
 and the nodes are listed in graph order with their largest difference.
 
-    python scripts/compare_providers.py --bundle engines/tiny --graph decoder_step [--provider CUDAExecutionProvider]
+    python scripts/compare_providers.py --bundle engines/tiny --graph decoder_step \
+        [--provider CUDAExecutionProvider]
 """
 
 from __future__ import annotations

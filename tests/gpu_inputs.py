@@ -30,9 +30,11 @@ def engram_inputs(gen, batch, new, look=3, heads=8, dim=256, rows_per_head=30011
 
 def mhc_inputs(gen, tokens, c=4, e=5120):
     n_mix = (2 + c) * c
-    return (torch.randn(1, tokens, c, e, generator=gen).to(BF16), torch.randn(1, tokens, e, generator=gen).to(BF16),
+    return (torch.randn(1, tokens, c, e, generator=gen).to(BF16),
+            torch.randn(1, tokens, e, generator=gen).to(BF16),
             torch.rand(1, tokens, c, generator=gen) * 2, torch.rand(1, tokens, c, c, generator=gen),
-            torch.rand(1, tokens, c, generator=gen) + 0.5, torch.randn(n_mix, c * e, generator=gen) * e ** -0.5,
+            torch.rand(1, tokens, c, generator=gen) + 0.5,
+            torch.randn(n_mix, c * e, generator=gen) * e ** -0.5,
             torch.randn(n_mix, generator=gen), torch.rand(3, generator=gen) + 0.5,
             (torch.rand(e, generator=gen) + 0.5).to(BF16))
 

@@ -50,7 +50,8 @@ def rel_error(out: torch.Tensor, truth: torch.Tensor, what: str) -> float:
     out, truth = out.detach().cpu().double(), truth.double()
     assert not torch.isnan(out).any(), f"{what}: NaN in the kernel's output"
     inf_out, inf_ref = torch.isinf(out), torch.isinf(truth)
-    assert torch.equal(inf_out, inf_ref), f"{what}: infinities differ in {int((inf_out != inf_ref).sum())} places"
+    differ = int((inf_out != inf_ref).sum())
+    assert torch.equal(inf_out, inf_ref), f"{what}: infinities differ in {differ} places"
     if inf_ref.any():
         assert torch.equal(out[inf_ref], truth[inf_ref]), f"{what}: infinities of the wrong sign"
     fin = ~inf_ref

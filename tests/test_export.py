@@ -32,8 +32,9 @@ def test_checker_passes_and_io_follows_the_contract(tiny_bundle):
         for flavor in ("plugin", "portable"):
             onnx.checker.check_model(str(tiny_bundle.graph_path(graph, flavor)), full_check=True)
             proto = load(tiny_bundle, graph, flavor)
-            assert [i.name for i in proto.graph.input] == [t.name for t in graph_inputs(tiny_bundle.config, graph)]
-            assert [o.name for o in proto.graph.output] == [t.name for t in graph_outputs(tiny_bundle.config, graph)]
+            cfg = tiny_bundle.config
+            assert [i.name for i in proto.graph.input] == [t.name for t in graph_inputs(cfg, graph)]
+            assert [o.name for o in proto.graph.output] == [t.name for t in graph_outputs(cfg, graph)]
 
 
 def test_portable_has_only_standard_ops(tiny_bundle):

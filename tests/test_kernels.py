@@ -15,6 +15,7 @@ from dsflash.plugins.launch import interpreting
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
 import triton.language as tl  # noqa: E402
 
+from dsflash.model.quant import fp4_pow2_pack  # noqa: E402
 from dsflash.plugins.csa2_index_score import kernel as index_kernel  # noqa: E402
 from dsflash.plugins.csa2_index_score import reference as index_ref  # noqa: E402
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel  # noqa: E402
@@ -22,10 +23,9 @@ from dsflash.plugins.csa2_sparse_attention import reference as attn_ref  # noqa:
 from dsflash.plugins.csa2_sparse_attention import splits as attn_splits  # noqa: E402
 from dsflash.plugins.engram_hash_gather import kernel as engram_kernel  # noqa: E402
 from dsflash.plugins.engram_hash_gather import reference as engram_ref  # noqa: E402
+from dsflash.plugins.launch import next_pow2  # noqa: E402
 from dsflash.plugins.mhc_boundary import kernel as mhc_kernel  # noqa: E402
 from dsflash.plugins.mhc_boundary import reference as mhc_ref  # noqa: E402
-from dsflash.model.quant import fp4_pow2_pack  # noqa: E402
-from dsflash.plugins.launch import next_pow2  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter computes in numpy (no bf16 arithmetic): check fp32 there, bf16 on the GPU too.
@@ -46,7 +46,8 @@ def engram_case(gen, batch, new, look, heads, dim):
     return cids, sum(primes), mult, primes, offsets
 
 
-@pytest.mark.parametrize("batch,new,look,heads,dim", [(2, 11, 3, 3, 20), (1, 1, 2, 8, 130), (3, 37, 1, 5, 16)])
+@pytest.mark.parametrize("batch,new,look,heads,dim",
+                         [(2, 11, 3, 3, 20), (1, 1, 2, 8, 130), (3, 37, 1, 5, 16)])
 def test_engram_gather_kernel_is_exact(gen, batch, new, look, heads, dim):
     cids, rows, mult, primes, offsets = engram_case(gen, batch, new, look, heads, dim)
     table = torch.randn(rows, dim, generator=gen)
@@ -433,7 +434,8 @@ def test_stable_topk_rejects_bad_digit_schedules(digits):
         launcher(*_dev(torch.rand(1, 100)), 4)
 
 
-@pytest.mark.parametrize("over", [{}, {"RANK_BLOCK": 2, "CMP_BLOCK": 64}, {"RANK_BLOCK": 64, "CMP_BLOCK": 16}])
+@pytest.mark.parametrize("over", [{}, {"RANK_BLOCK": 2, "CMP_BLOCK": 64},
+                                  {"RANK_BLOCK": 64, "CMP_BLOCK": 16}])
 def test_stable_topk_launch_settings_are_exact(gen, over):
     """The default and the sweep's rank settings give the same bits with k over the rank pass's
     compare step (256 keys by default): small and large rank blocks, several compare steps."""
@@ -451,8 +453,9 @@ def test_stable_topk_launch_settings_are_exact(gen, over):
             assert torch.count_nonzero(ws["counter"]) == 0 and torch.count_nonzero(ws["hist"]) == 0
 
 
-@pytest.mark.parametrize("rows,n,k,chunk", [(3, 50, 4, None), (2, 300, 8, 64), (1, 1000, 16, 128), (2, 5, 8, None),
-                                            (1, 3000, 100, 256), (2, 700, 1, 128), (1, 64, 64, 16)])
+@pytest.mark.parametrize("rows,n,k,chunk", [(3, 50, 4, None), (2, 300, 8, 64), (1, 1000, 16, 128),
+                                            (2, 5, 8, None), (1, 3000, 100, 256), (2, 700, 1, 128),
+                                            (1, 64, 64, 16)])
 @pytest.mark.parametrize("digits", [None, (11, 11, 10), (5, 9, 7, 11)])
 def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk, digits):
     """Same indices and values as the stable sort, bit for bit: ties (ReLU zeros, rounded

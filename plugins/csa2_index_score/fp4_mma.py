@@ -16,8 +16,9 @@ the ReLU into the head weight. The result matches the reference by the kernel to
 bf16 (tests/test_kernels_gpu.py); fp32 and fp16 queries keep kernel.py's exact decode.
 
 H200, 2026-12-03 (docs/benchmarks.md, two runs): 12.6-12.7 us at 128K entries against
-25.4-26.1 us for the decode in the same runs (8.9 MB: 17-18% of the copy roofline), and ~8 us at any size up to 32K: the time is
-each program's query split followed by its blocks one after another, not bytes.
+25.4-26.1 us for the decode in the same runs (8.9 MB: 17-18% of the copy roofline), and ~8 us at
+any size up to 32K: the time is each program's query split followed by its blocks one after
+another, not bytes.
 
 Key tile of group g: its 16 code bytes per entry (one contiguous load), the low- and
 high-nibble planes joined side by side, which is the natural channel order of the query tile.

@@ -298,9 +298,9 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     pdl = pdl_launch_args(q.device, {"PDL": over.pop("PDL", True)})
     cfg = {"BLOCK_N": 64, "BLOCKS": 4, "num_warps": 4} | over
     grid = (b * q.shape[1], cdiv(cdiv(n, cfg["BLOCK_N"]), cfg["BLOCKS"]))
-    csa2_index_score_fp4_mma_kernel[grid](q, w, codes_BNH.contiguous(), exps_BNG.contiguous(), vis, q.shape[1],
-                                          n, out, I=heads, J=j, JP=next_pow2(j), ASM=not interpreting(), **cfg,
-                                          **pdl)
+    csa2_index_score_fp4_mma_kernel[grid](q, w, codes_BNH.contiguous(), exps_BNG.contiguous(), vis,
+                                          q.shape[1], n, out, I=heads, J=j, JP=next_pow2(j),
+                                          ASM=not interpreting(), **cfg, **pdl)
     return out
 
 
