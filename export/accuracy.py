@@ -23,7 +23,7 @@ from dsflash.export.contract import GRAPHS
 from dsflash.export.graphs import GraphModule, additions_for_cache
 from dsflash.export.tolerances import graph_tolerance
 from dsflash.model.cache import ModelCache
-from dsflash.model.model import DSFlashModel
+from dsflash.model.model import DSFlashModel, encoder_rows
 
 log = logging.getLogger(__name__)
 REFERENCE = "pytorch-reference"
@@ -67,10 +67,9 @@ def reference_steps(model: DSFlashModel, prompts: list[list[int]], decode_steps:
         return named
 
     last = []
-    w = cfg.sliding_window
     for slot, prompt in enumerate(prompts):
         ids = torch.tensor([prompt])
-        split = max(len(prompt) - w, 0) if mode == "replay" else 0
+        split = encoder_rows(cfg, len(prompt), mode)
         if split:
             run("encoder_prefill", [slot], ids[:, :split])
         last.append(run("decoder_step", [slot], ids[:, split:])["logits"])

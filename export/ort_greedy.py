@@ -14,6 +14,7 @@ from dsflash.export.contract import GRAPHS, graph_inputs, graph_outputs
 from dsflash.export.graphs import additions_for_cache
 from dsflash.export.ort_session import ort_session
 from dsflash.model.cache import ModelCache
+from dsflash.model.model import encoder_rows
 
 
 class OrtGraphs:
@@ -39,7 +40,7 @@ class OrtGraphs:
 
     def prefill(self, prompt: list[int], cache: ModelCache, slot: int, mode: str = "replay") -> torch.Tensor:
         ids = torch.tensor([prompt], dtype=torch.int64)
-        split = max(len(prompt) - self.cfg.sliding_window, 0) if mode == "replay" else 0
+        split = encoder_rows(self.cfg, len(prompt), mode)
         if split:
             self.run("encoder_prefill", ids[:, :split], cache, [slot])
         return self.run("decoder_step", ids[:, split:], cache, [slot])["logits"]

@@ -31,6 +31,13 @@ from dsflash.model.weights import init_weights
 from dsflash.plugins.registry import OpSet
 
 
+def encoder_rows(cfg: ModelConfig, n_prompt: int, mode: str) -> int:
+    """Prompt rows the encoder half takes in a prefill of `n_prompt` tokens: in replay mode all
+    but the last `sliding_window` (the decoder replays those), in exact mode none (the whole
+    model runs every row). The runtimes split a prompt the same way."""
+    return max(n_prompt - cfg.sliding_window, 0) if mode == "replay" else 0
+
+
 class DSFlashModel(nn.Module):
     def __init__(self, cfg: ModelConfig, vocab_map: np.ndarray | None = None):
         """vocab_map: the Engram tokenizer-compression map [vocab_size] (see
@@ -97,13 +104,14 @@ class DSFlashModel(nn.Module):
         if bool((cache.seq_len[idx] != 0).any()):
             raise ValueError(f"prefill needs empty slots; seq_len of slots {idx.tolist()} is "
                              f"{cache.seq_len[idx].tolist()}")
-        n, w = ids_BS.shape[1], self.cfg.sliding_window
+        n = ids_BS.shape[1]
         if n == 0:
             raise ValueError("prefill needs at least one prompt token")
         cache.check_room(idx, n)
         if mode == "replay":
-            self.encoder_prefill(ids_BS[:, : max(n - w, 0)], cache, idx)
-            return self.decoder_step(ids_BS[:, max(n - w, 0):], cache, idx)
+            split = encoder_rows(self.cfg, n, mode)
+            self.encoder_prefill(ids_BS[:, :split], cache, idx)
+            return self.decoder_step(ids_BS[:, split:], cache, idx)
         if mode != "exact":
             raise ValueError(f"prefill mode {mode!r} is not 'replay' or 'exact'")
         chunk = chunk or n

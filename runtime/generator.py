@@ -21,6 +21,7 @@ from typing import Iterator
 import torch
 
 from dsflash.model.generate import sample_next
+from dsflash.model.model import encoder_rows
 from dsflash.runtime.cache_manager import CacheManager
 from dsflash.runtime.request import GenerationParams, Request
 
@@ -97,7 +98,7 @@ class Generator:
         seconds = {}
         for n in (int(n) for n in prompt_lengths):  # as _prefill splits the prompt
             t0 = time.perf_counter()
-            split = max(n - self.cfg.sliding_window, 0) if prefill_mode == "replay" else 0
+            split = encoder_rows(self.cfg, n, prefill_mode)
             if split:
                 self._run("encoder_prefill", [0], torch.zeros(1, split, dtype=torch.int64))
             self._run("decoder_step", [0], torch.zeros(1, n - split, dtype=torch.int64))
@@ -165,8 +166,7 @@ class Generator:
         req.slot = self.cache.acquire()
         req.advance("prefill")
         ids = torch.tensor([req.prompt], dtype=torch.int64)
-        w = self.cfg.sliding_window
-        split = max(len(req.prompt) - w, 0) if req.params.prefill_mode == "replay" else 0
+        split = encoder_rows(self.cfg, len(req.prompt), req.params.prefill_mode)
         if split:
             self._call("encoder_prefill", [req.slot], ids[:, :split])
         logits = self._call("decoder_step", [req.slot], ids[:, split:])["logits"]
