@@ -2,8 +2,8 @@
 # Everything the GPU machine checks, in one script (PIPELINE.md §8): the kernel tests for real
 # (tests/test_kernels.py on CUDA, the gpu-marked tests, among them the AOT kernels run as TensorRT
 # runs them), the AOT compile of every plugin kernel for the flash sizes, and the microbenchmarks
-# (AOT against JIT, the kernels, then a whole decode step through the runtime) (tables last;
-# JSON, plot and logs under $OUT).
+# (AOT against JIT, the kernels, the CSA2 layers at decode batches 1-64, then a whole decode step
+# through the runtime) (tables last; JSON, plot and logs under $OUT).
 #   bash scripts/gpu_check.sh [--tests-only | --bench-only | --decode-only] [--quick] [--sweep]
 # (--tests-only: the tests and the AOT compile; --bench-only: the kernel benchmarks;
 # --decode-only: the whole-step benchmark (bench_decode.py --profile). On a fresh H200 the tests
@@ -44,6 +44,8 @@ if [ "$bench" = 1 ]; then
   python3 scripts/bench_floor.py --out "$OUT" 2>&1 | tail -2 | tee "$OUT/floor.log"
   python3 scripts/bench_aot.py --out "$OUT" 2>&1 | tee "$OUT/bench_aot.log" | grep -v "it/s\]" | tail -10
   python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\]" | tail -36
+  python3 scripts/bench_layer_batch.py --out "$OUT" 2>&1 | tee "$OUT/bench_layer_batch.log" \
+    | grep -v "it/s\]" | tail -8
 fi
 if [ "$decode" = 1 ]; then
   python3 scripts/bench_decode.py --out "$OUT" --profile 2>&1 | tee "$OUT/bench_decode.log" \

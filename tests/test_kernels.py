@@ -453,6 +453,36 @@ def test_stable_topk_launch_settings_are_exact(gen, over):
             assert torch.count_nonzero(ws["counter"]) == 0 and torch.count_nonzero(ws["hist"]) == 0
 
 
+def test_stable_topk_chunks_grow_with_the_rows_of_a_batch():
+    """512 entries per program for one decode row, larger chunks once a pass would launch more
+    than 1,024 programs (the H200 sweep behind batch_chunk), never over 2,048; an override wins."""
+    from dsflash.plugins.stable_topk.kernel import batch_chunk
+
+    n = 131072
+    assert [batch_chunk(rows, n) for rows in (1, 4, 8, 16, 64, 512)] == [512, 512, 1024, 2048, 2048, 2048]
+    assert batch_chunk(64, 4096) == 512 and batch_chunk(3, 50) == 512
+
+
+@pytest.mark.parametrize("skip_idle", [True, False])
+def test_stable_topk_programs_without_entries_in_play_leave_no_stale_counts(gen, skip_idle):
+    """After the first digit pass a chunk with no entry sharing the k-th's prefix skips its
+    histogram (SKIP_IDLE); in the last pass it must still zero its tie counts, which the select
+    pass sums over the chunks before its own. The first call leaves every chunk's counts at 128
+    for the value 100 in the reused workspace; the second puts the tied 100s in the last two
+    chunks only, so stale counts would shift their places."""
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
+    from dsflash.plugins.stable_topk import reference as topk_ref
+
+    launcher = topk_kernel.StableTopkLauncher(overrides={"CHUNK": 128, "SKIP_IDLE": skip_idle})
+    everywhere = torch.full((2, 1024), 100.0)
+    small = torch.rand(2, 1024, generator=gen)
+    small[:, 768:] = 100.0
+    for scores, k in ((everywhere, 300), (small, 150), (small, 256 + 40)):
+        want_v, want_i = topk_ref.stable_topk(scores, k)
+        got_v, got_i = launcher(*_dev(scores), k)
+        assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
+
+
 @pytest.mark.parametrize("rows,n,k,chunk", [(3, 50, 4, None), (2, 300, 8, 64), (1, 1000, 16, 128),
                                             (2, 5, 8, None), (1, 3000, 100, 256), (2, 700, 1, 128),
                                             (1, 64, 64, 16)])

@@ -114,7 +114,8 @@ def _narrowed(hist, state, row, PREV: tl.constexpr, PREV_BITS: tl.constexpr, HIS
 def radix_digit_pass_kernel(scores_ptr, N, k, hist, state, counter, prog_hist,
                             SHIFT: tl.constexpr, BITS: tl.constexpr, PASS: tl.constexpr,
                             PREV_BITS: tl.constexpr, LAST: tl.constexpr, CHUNK: tl.constexpr,
-                            HIST_BINS: tl.constexpr, PASSES: tl.constexpr, PDL: tl.constexpr = False):
+                            HIST_BINS: tl.constexpr, PASSES: tl.constexpr, SKIP_IDLE: tl.constexpr = True,
+                            PDL: tl.constexpr = False):
     """Grid (rows, chunks). Histograms the digit at SHIFT of the entries still in play into
     hist[row, PASS] (relaxed atomics: only their sum matters, and the next launch reads it after
     this grid has finished). state[row, PASS] = (prefix of V's key above SHIFT + BITS, entries of
@@ -133,11 +134,21 @@ def radix_digit_pass_kernel(scores_ptr, N, k, hist, state, counter, prog_hist,
     BINS: tl.constexpr = 1 << BITS
     play = ok & ((key >> (SHIFT + BITS)) == prefix)
     digit = ((key >> SHIFT) & (BINS - 1)).to(tl.int32)
-    h = tl.histogram(digit, BINS, mask=play)
     b = tl.arange(0, BINS)
-    if LAST:  # per-program counts of the last digit, for the select pass's tie order
-        tl.store(prog_hist + (row * n_prog + p) * BINS + b, h)
-    tl.atomic_add(hist + (row * PASSES + PASS) * HIST_BINS + b, h, mask=h > 0, sem="relaxed")
+    # After the first pass only the entries sharing the k-th's prefix are in play, often none of
+    # a chunk's: such a program skips the histogram (its ballots cost the same masked or not),
+    # which is most of a pass's work when many rows fill the GPU.
+    if SKIP_IDLE and PASS > 0:
+        live = tl.sum(play.to(tl.int32), axis=0) > 0
+    else:
+        live = True
+    if live:
+        h = tl.histogram(digit, BINS, mask=play)
+        if LAST:  # per-program counts of the last digit, for the select pass's tie order
+            tl.store(prog_hist + (row * n_prog + p) * BINS + b, h)
+        tl.atomic_add(hist + (row * PASSES + PASS) * HIST_BINS + b, h, mask=h > 0, sem="relaxed")
+    elif LAST:
+        tl.store(prog_hist + (row * n_prog + p) * BINS + b, tl.zeros([BINS], dtype=tl.int32))
 
 
 @triton.jit
@@ -204,7 +215,7 @@ class StableTopkLauncher(LauncherBase):
     """Holds the histograms, states, slot counters and selection buffers (self-clearing, so the
     launches capture into a CUDA graph); one instance per device/stream, calls on it must not
     overlap. Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K, RANK_BLOCK, CMP_BLOCK, PDL
-    (False: plain launches)."""
+    (False: plain launches), SKIP_IDLE (False: every program of a digit pass builds its histogram)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
 
@@ -245,8 +256,9 @@ class StableTopkLauncher(LauncherBase):
         passes = digit_passes(tuple(self._overrides.get("DIGITS", DIGITS)))
         # 512-entry chunks (H200 at 128K: 14.3 us, 1K 15.4 in session 9; 23.7 / 25.4 / 28.8 us for
         # 512 / 1K / 2K before the rank pass); they grow for very long rows, so a row has at most
-        # MAX_PROGRAMS
-        chunk = max(self._overrides.get("CHUNK", 512), next_pow2(cdiv(n, self.MAX_PROGRAMS)))
+        # MAX_PROGRAMS, and for many rows (batch_chunk)
+        chunk = self._overrides.get("CHUNK") or batch_chunk(rows, n)
+        chunk = max(chunk, next_pow2(cdiv(n, self.MAX_PROGRAMS)))
         n_prog = cdiv(n, chunk)
         flat = scores.contiguous().view(rows, n)
         vals = torch.empty(rows, k_out, dtype=torch.float32, device=scores.device)
@@ -259,7 +271,8 @@ class StableTopkLauncher(LauncherBase):
         for i, (shift, bits) in enumerate(passes):
             radix_digit_pass_kernel[(rows, n_prog)](
                 flat, n, k_out, hist, state, counter, ws["prog_hist"], SHIFT=shift, BITS=bits, PASS=i,
-                PREV_BITS=passes[i - 1][1] if i else 1, LAST=i == len(passes) - 1, **common)
+                PREV_BITS=passes[i - 1][1] if i else 1, LAST=i == len(passes) - 1,
+                SKIP_IDLE=self._overrides.get("SKIP_IDLE", True), **common)
         radix_select_kernel[(rows, n_prog)](
             flat, n, k_out, hist, state, counter, ws["prog_hist"], ws["sel"], KP=ws["sel"].shape[1],
             PP=next_pow2(n_prog), LAST_BITS=passes[-1][1], **common)
@@ -271,6 +284,18 @@ class StableTopkLauncher(LauncherBase):
             flat, n, k_out, hist, counter, ws["sel"], vals, idx, KP=ws["sel"].shape[1],
             RANK_BLOCK=rank_block, CMP_BLOCK=cmp_block, **common)
         return vals.view(*lead, k_out), idx.view(*lead, k_out)
+
+
+def batch_chunk(rows: int, n: int, programs: int = 1024) -> int:
+    """Entries per program of a pass: 512, doubled up to 2048 while a pass would launch more than
+    `programs` programs. Every program adds its histogram to its row's with atomics and pays the
+    histogram's fixed cost, so many rows (a decode batch) run faster on larger chunks: H200 at 128K
+    entries, k = 512 (docs/benchmarks.md, session 18): 8 rows 41.1 / 36.4 / 40.1 us for 512 / 1024 /
+    2048, 64 rows 212.9 / 188.1 / 173.5 us, one row 15.0 / 14.5 / 18.1 us."""
+    chunk = 512
+    while chunk < 2048 and rows * cdiv(n, chunk) > programs:
+        chunk *= 2
+    return chunk
 
 
 def stable_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""CSA2 decode attention layers at a decode batch (PIPELINE.md §8): B query rows, each over its
+own sequence of `ctx` cached entries, as a served decode step runs them. bench_kernels.py times one
+row, where every layer is a chain of ~1 us launches (index 1, top-k 6, attention 2) that moves a
+few MB; here the same launches carry B rows, so the bytes grow and the launch cost does not.
+
+Per batch and context, with the released sizes (64 heads x 512, index 32 x 128, top-k 512, window
+128, candidate pool 2048 blocks x 8):
+- Full layer (index every entry, top-k, attention) with bf16 index keys and with the release's FP4
+  index keys (68 B per entry, `csa2_index_score_fp4`); Reindex (index the pool only); Reuse
+  (attention over another layer's selection);
+- each kernel alone and its fraction of its own roofline (counted bytes at the measured copy
+  bandwidth); the top-k's bytes are one read of its scores and its k outputs per row;
+- the dense roofline: every row's uncompressed KV (ctx x 512 bf16) read once, and the layers'
+  speed-up over it, as issue 5's targets state it (3x Full, 15x Reindex / Reuse).
+
+Times are medians of CUDA-graph replays back to back; at B >= 2 and 128K the index keys (B x 32 MB)
+no longer fit in the 50 MB L2, so those read from HBM. `--cold` also times one replay after a 256 MB
+read (bench_kernels.time_cold_ms). The top-k kernel's picks are checked against the stable sort
+on every case (a warning and `topk_exact: false` in the JSON if they differ).
+
+    python scripts/bench_layer_batch.py --out gpu_out [--batches 1,8,32,64] [--contexts 131072]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+import triton
+from bench_kernels import (
+    BF16,
+    CAND_BLOCK,
+    CAND_BLOCKS,
+    HEAD_DIM,
+    HEADS,
+    INDEX_DIM,
+    INDEX_HEADS,
+    TOPK,
+    WINDOW,
+    ceilings,
+    time_cold_ms,
+    time_ms,
+)
+from tqdm import tqdm
+
+from dsflash.model.quant import fp4_pow2_pack
+from dsflash.plugins.csa2_index_score import kernel as index_kernel
+from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
+from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
+from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
+
+log = logging.getLogger("bench_layer_batch")
+LAYERS = ("full", "full_fp4", "reindex", "reuse")
+# the speed-up over the dense roofline issue 5 asks of each layer
+TARGETS = {"full": 3.0, "full_fp4": 3.0, "reindex": 15.0, "reuse": 15.0}
+
+
+def layer_bytes(batch: int, ctx: int, pooled: int) -> dict:
+    """Bytes each kernel must move at least, for `batch` rows of `ctx` entries (`pooled` of them
+    indexed by a Reindex layer). Index: the visible keys, one mask byte and one fp32 score per entry,
+    the queries and head weights. Top-k: one read of the scores, k values and indices out.
+    Attention: the selected and window rows with their index / mask, the query and the output.
+    Dense: every row's uncompressed KV read once (the roofline the targets compare with)."""
+    queries = INDEX_HEADS * (INDEX_DIM * 2 + 4)
+    per_entry = ctx + 4 * ctx
+    return {
+        "index": batch * (ctx * INDEX_DIM * 2 + per_entry + queries),
+        "index_fp4": batch * (ctx * (INDEX_DIM // 2 + INDEX_DIM // 32) + per_entry + queries),
+        "index_reindex": batch * (pooled * INDEX_DIM * 2 + per_entry + queries),
+        "topk": batch * (4 * ctx + TOPK * 12),
+        "attn": batch * ((TOPK + WINDOW) * (HEAD_DIM * 2 + 8) + 2 * HEADS * HEAD_DIM * 2),
+        "dense": batch * ctx * HEAD_DIM * 2,
+    }
+
+
+def layer_inputs(batch: int, ctx: int, gen: torch.Generator) -> dict:
+    """Random bf16 inputs on the GPU (made there: at B = 64 and 128K the KV alone is 8.6 GB)."""
+    def randn(*shape, dtype=BF16):
+        return torch.randn(*shape, generator=gen, device="cuda", dtype=dtype)
+
+    ik = randn(batch, ctx, INDEX_DIM)
+    codes, exps = fp4_pow2_pack(ik)
+    blocks = ctx // CAND_BLOCK
+    pool = torch.zeros(batch, blocks, dtype=torch.bool, device="cuda")
+    picks = torch.rand(batch, blocks, generator=gen, device="cuda").argsort(dim=1)[:, :CAND_BLOCKS]
+    pool.scatter_(1, picks, True)
+    return {
+        "q": randn(batch, 1, HEADS, HEAD_DIM), "kv": randn(batch, ctx, HEAD_DIM),
+        "win": randn(batch, WINDOW, HEAD_DIM),
+        "wmask": torch.ones(batch, 1, WINDOW, dtype=torch.bool, device="cuda"),
+        "sink": randn(HEADS, dtype=torch.float32), "iq": randn(batch, 1, INDEX_HEADS, INDEX_DIM),
+        "iw": randn(batch, 1, INDEX_HEADS, dtype=torch.float32), "ik": ik, "codes": codes, "exps": exps,
+        "all": torch.ones(batch, 1, ctx, dtype=torch.bool, device="cuda"),
+        "pool": pool.repeat_interleave(CAND_BLOCK, dim=1).view(batch, 1, ctx),
+        "idx": torch.randint(0, ctx, (batch, 1, TOPK), generator=gen, device="cuda"),
+        "pooled": min(CAND_BLOCKS, blocks) * CAND_BLOCK,
+    }
+
+
+def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool) -> dict:
+    x = layer_inputs(batch, ctx, gen)
+    attn, topk = attn_kernel.SparseAttentionLauncher(), StableTopkLauncher()
+    scale = HEAD_DIM ** -0.5
+
+    def index(kind):
+        if kind == "full_fp4":
+            return index_kernel.csa2_index_score_fp4(x["iq"], x["iw"], x["codes"], x["exps"], x["all"])
+        visible = x["pool" if kind == "reindex" else "all"]
+        return index_kernel.csa2_index_score(x["iq"], x["iw"], x["ik"], visible)
+
+    def layer(kind):
+        sel = x["idx"] if kind == "reuse" else topk(index(kind), TOPK)[1]
+        return attn(x["q"], x["kv"], sel, x["win"], x["wmask"], x["sink"], scale)
+
+    nbytes = layer_bytes(batch, ctx, x["pooled"])
+    out = {"bytes": nbytes, "layer_us": {}, "kernel_us": {}}
+    for kind in LAYERS:
+        out["layer_us"][kind] = 1e3 * time_ms(lambda kind=kind: layer(kind), graph=True)
+        if cold:
+            out.setdefault("layer_cold_us", {})[kind] = 1e3 * time_cold_ms(lambda kind=kind: layer(kind))
+    scores = index("full")
+    out["topk_exact"] = torch.equal(topk(scores, TOPK)[1], stable_topk_reference(scores, TOPK)[1])
+    if not out["topk_exact"]:
+        log.warning("top-k kernel differs from the stable sort (batch %d, %d entries)", batch, ctx)
+    k = out["kernel_us"]
+    for kind, name in (("full", "index"), ("full_fp4", "index_fp4"), ("reindex", "index_reindex")):
+        k[name] = 1e3 * time_ms(lambda kind=kind: index(kind), graph=True)
+    k["topk"] = 1e3 * time_ms(lambda: topk(scores, TOPK), graph=True)
+    k["attn"] = 1e3 * time_ms(lambda: attn(x["q"], x["kv"], x["idx"], x["win"], x["wmask"], x["sink"], scale),
+                              graph=True)
+    dense_us = nbytes["dense"] / bw / 1e3
+    out["dense_roofline_us"] = dense_us
+    out["x_dense"] = {kind: dense_us / us for kind, us in out["layer_us"].items()}
+    out["roofline_fraction"] = {name: nbytes[name] / bw / 1e3 / us for name, us in k.items()}
+    return out
+
+
+def topk_sweep(batch: int, ctx: int, gen: torch.Generator, chunks: list[int]) -> dict:
+    """The top-k's chunk (entries per program), warps and idle-program skip at a batch, on the
+    index kernel's scores of a Full and of a Reindex layer: at B rows a digit pass launches
+    B x ctx / CHUNK programs, each building a 256-bin histogram. Every setting is checked bit for
+    bit against the stable sort first (NaN: it differed)."""
+    x = layer_inputs(batch, ctx, gen)
+    scores = {kind: index_kernel.csa2_index_score(x["iq"], x["iw"], x["ik"], x[vis])
+              for kind, vis in (("full", "all"), ("reindex", "pool"))}
+    del x
+    variants = ((4, True), (4, False), (8, True))  # (warps, SKIP_IDLE)
+    settings = [(chunk, warps, skip) for chunk in chunks for warps, skip in variants]
+    out = {}
+    for kind, s in scores.items():
+        want = stable_topk_reference(s, TOPK)[1]
+        for chunk, warps, skip in settings:
+            topk = StableTopkLauncher(overrides={"CHUNK": chunk, "num_warps": warps, "SKIP_IDLE": skip})
+            label = f"{kind} chunk {chunk} warps {warps}{'' if skip else ' no skip'}"
+            if not torch.equal(topk(s, TOPK)[1], want):
+                log.warning("top-k with %s differs from the stable sort (batch %d)", label, batch)
+                out[label] = float("nan")
+                continue
+            out[label] = 1e3 * time_ms(lambda topk=topk, s=s: topk(s, TOPK), graph=True)
+    return out
+
+
+def report(res: dict) -> str:
+    head = (f"{res['gpu']}  torch {res['torch']}  triton {res['triton']}  {res['date']}  "
+            f"copy {res['bw_GBps']:.0f} GB/s")
+    columns = ("| batch | context | dense roofline | Full (bf16 keys) | Full (FP4 keys) | Reindex | Reuse | "
+               "index / FP4 / pool | top-k | attention |")
+    lines = [head, columns, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for case in res["cases"]:
+        lay, x, f, ku = case["layer_us"], case["x_dense"], case["roofline_fraction"], case["kernel_us"]
+        cells = [f"{lay[kind]:.1f} us ({x[kind]:.1f}x{'' if x[kind] >= TARGETS[kind] else ' <'})"
+                 for kind in LAYERS]
+        kern = [f"{ku[n]:.1f} us ({100 * f[n]:.0f}%)" for n in ("index", "index_fp4", "index_reindex")]
+        lines.append(f"| {case['batch']} | {case['context']} | {case['dense_roofline_us']:.1f} us | "
+                     + " | ".join(cells) + f" | {' / '.join(kern)} | {ku['topk']:.1f} us "
+                     f"({100 * f['topk']:.0f}%) | {ku['attn']:.1f} us ({100 * f['attn']:.0f}%) |")
+    lines.append("(x: the dense roofline over the layer's time; '<' marks a layer under issue 5's target; "
+                 "%: counted bytes / copy bandwidth / time)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--batches", default="1,8,32,64")
+    ap.add_argument("--contexts", default="131072")
+    ap.add_argument("--cold", action="store_true", help="also time one replay after a 256 MB read")
+    ap.add_argument("--topk-chunks", default="", help="sweep the top-k's CHUNK (e.g. 512,1024,2048) "
+                    "at each batch and context instead of timing the layers")
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    contexts = [int(c) for c in args.contexts.split(",")]
+    bad = [v for v in batches + contexts if v < 1] + [c for c in contexts if c % CAND_BLOCK]
+    if bad:
+        ap.error(f"batches and contexts must be >= 1 and contexts multiples of {CAND_BLOCK}; got {bad}")
+    if not torch.cuda.is_available():
+        ap.error("the layer benchmark times CUDA graphs: it needs a GPU")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bw = ceilings(quick=True)["copy_GBps"]
+    res = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "torch": torch.__version__, "triton": triton.__version__, "bw_GBps": bw, "cases": []}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    if args.topk_chunks:
+        chunks = [int(c) for c in args.topk_chunks.split(",")]
+        res["topk_sweep_us"] = {f"batch {b} ctx {c}": topk_sweep(b, c, gen, chunks)
+                                for c in contexts for b in batches}
+        (out / "topk_sweep.json").write_text(json.dumps(res, indent=1))
+        for case, times in res["topk_sweep_us"].items():
+            log.info("%s: %s", case, ", ".join(f"{k} {us:.1f} us" for k, us in times.items()))
+        return
+    for ctx in contexts:
+        for batch in tqdm(batches, desc=f"layers at {ctx}"):
+            res["cases"].append({"batch": batch, "context": ctx} | batch_case(batch, ctx, gen, bw, args.cold))
+            torch.cuda.empty_cache()
+            (out / "bench_layer_batch.json").write_text(json.dumps(res, indent=1))
+    log.info("\n%s", report(res))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""scripts/bench_layer_batch.py on the CPU: its byte accounting (what bounds each layer's speed-up
+over the dense roofline) and its refusals; the timings themselves run on the H200 only."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "bench_layer_batch.py"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import bench_layer_batch
+    return bench_layer_batch
+
+
+def test_layer_bytes_grow_with_the_batch_and_bound_the_speed_ups(bench):
+    ctx, pooled = 131072, 2048 * 8
+    one, many = bench.layer_bytes(1, ctx, pooled), bench.layer_bytes(32, ctx, pooled)
+    assert all(many[name] == 32 * one[name] for name in one)
+    assert one["dense"] == ctx * 512 * 2
+    # the best each layer can do against the dense roofline, from bytes alone: bf16 index keys
+    # (256 B + a mask byte + an fp32 score per entry against 1 KB of KV) stay under 4x, the
+    # release's FP4 keys (68 B) allow the 3x target, a 16K-entry pool and the attention's 640
+    # rows leave far more than the 15x target
+    best = {"full": one["dense"] / (one["index"] + one["topk"] + one["attn"]),
+            "full_fp4": one["dense"] / (one["index_fp4"] + one["topk"] + one["attn"]),
+            "reindex": one["dense"] / (one["index_reindex"] + one["topk"] + one["attn"]),
+            "reuse": one["dense"] / one["attn"]}
+    assert 3.0 < best["full"] < 4.0
+    assert 10.0 < best["full_fp4"] < 15.0
+    assert best["reindex"] > 15.0 and best["reuse"] > 150.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batches", "0"], "must be >= 1"),
+    (["--contexts", "1001"], "multiples of 8"),
+])
+def test_bad_sizes_are_refused_by_name(tmp_path, args, message):
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), *args], capture_output=True,
+                         text=True, cwd=ROOT, check=False)
+    assert bad.returncode != 0 and message in bad.stderr
+
+
+def test_without_a_gpu_it_says_so(tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True,
+                         text=True, cwd=ROOT, check=False)
+    assert bad.returncode != 0 and "needs a GPU" in bad.stderr
