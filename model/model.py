@@ -30,12 +30,21 @@ from dsflash.model.norm_rope import RMSNorm
 from dsflash.model.weights import init_weights
 from dsflash.plugins.registry import OpSet
 
+PREFILL_MODES = ("replay", "exact")
+
+
+def check_prefill_mode(mode: str) -> str:
+    """The prefill mode, or a ValueError naming it and the modes there are."""
+    if mode not in PREFILL_MODES:
+        raise ValueError(f"prefill mode {mode!r} is not 'replay' or 'exact'")
+    return mode
+
 
 def encoder_rows(cfg: ModelConfig, n_prompt: int, mode: str) -> int:
     """Prompt rows the encoder half takes in a prefill of `n_prompt` tokens: in replay mode all
     but the last `sliding_window` (the decoder replays those), in exact mode none (the whole
     model runs every row). The runtimes split a prompt the same way."""
-    return max(n_prompt - cfg.sliding_window, 0) if mode == "replay" else 0
+    return max(n_prompt - cfg.sliding_window, 0) if check_prefill_mode(mode) == "replay" else 0
 
 
 class DSFlashModel(nn.Module):
@@ -108,12 +117,10 @@ class DSFlashModel(nn.Module):
         if n == 0:
             raise ValueError("prefill needs at least one prompt token")
         cache.check_room(idx, n)
-        if mode == "replay":
+        if check_prefill_mode(mode) == "replay":
             split = encoder_rows(self.cfg, n, mode)
             self.encoder_prefill(ids_BS[:, :split], cache, idx)
             return self.decoder_step(ids_BS[:, split:], cache, idx)
-        if mode != "exact":
-            raise ValueError(f"prefill mode {mode!r} is not 'replay' or 'exact'")
         chunk = chunk or n
         if chunk <= 0:
             raise ValueError(f"chunk={chunk} must be > 0")

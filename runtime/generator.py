@@ -21,7 +21,7 @@ from typing import Iterator
 import torch
 
 from dsflash.model.generate import sample_next
-from dsflash.model.model import encoder_rows
+from dsflash.model.model import check_prefill_mode, encoder_rows
 from dsflash.runtime.cache_manager import CacheManager
 from dsflash.runtime.request import GenerationParams, Request
 
@@ -89,8 +89,7 @@ class Generator:
         for b in sizes:
             if not 1 <= b <= slots:
                 raise ValueError(f"warm-up batch size {b} outside [1, {slots}] (the cache's slots)")
-        if prefill_mode not in ("replay", "exact"):
-            raise ValueError(f"prefill_mode {prefill_mode!r}: 'replay' or 'exact'")
+        check_prefill_mode(prefill_mode)
         for n in prompt_lengths:
             if not 1 <= int(n) <= self.cache.capacity:
                 raise ValueError(f"warm-up prompt length {n} outside [1, {self.cache.capacity}] "

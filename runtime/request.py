@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from dsflash.model.generate import SamplingParams
+from dsflash.model.model import check_prefill_mode
 
 TRANSITIONS = {"waiting": ("prefill",), "prefill": ("decoding", "finished"),
                "decoding": ("finished",), "finished": ()}
@@ -22,8 +23,7 @@ class GenerationParams:
     def __post_init__(self) -> None:
         if self.max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be > 0")
-        if self.prefill_mode not in ("replay", "exact"):
-            raise ValueError(f"prefill_mode {self.prefill_mode!r} is not 'replay' or 'exact'")
+        check_prefill_mode(self.prefill_mode)
 
 
 @dataclass

@@ -112,6 +112,20 @@ def engram_case(batch: int, new: int, table, gen) -> dict:
     return {"kernel_us": 1e3 * k_ms, "eager_us": 1e3 * r_ms, "gathered_GBps": gathered / k_ms / 1e6}
 
 
+def index_bytes(rows: int, ctx: int, keys: int, fp4: bool = False) -> int:
+    """What the index kernel must move for `rows` query rows over `ctx` entries of which `keys` are
+    visible: their keys (bf16, or the release's FP4 codes and exponents: 68 B at 128 dims), one
+    mask byte and one fp32 score per entry, the queries and head weights."""
+    key = INDEX_DIM // 2 + INDEX_DIM // 32 if fp4 else INDEX_DIM * 2
+    return rows * (keys * key + ctx + 4 * ctx + INDEX_HEADS * (INDEX_DIM * 2 + 4))
+
+
+def attn_bytes(rows: int) -> int:
+    """What sparse attention must move per decode: the selected and window rows with their index
+    or mask, the query and the output, for `rows` query rows."""
+    return rows * ((TOPK + WINDOW) * (HEAD_DIM * 2 + 8) + 2 * HEADS * HEAD_DIM * 2)
+
+
 def csa2_layer(kind: str, ctx: int, gen) -> dict:
     """One decode row of a CSA2 layer at context ctx: Full (ratio 1, index every entry), Reindex
     (index the candidate pool of 2048 blocks x 8 only), Reuse (another layer's selection)."""
@@ -169,9 +183,8 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
         out["topk_kernel_plain_us"] = 1e3 * time_ms(lambda: topk_plain(scores, TOPK), graph=True)
         out["torch_topk_us"] = 1e3 * time_ms(lambda: scores.topk(TOPK, dim=-1), graph=True)  # not stable
         n_keys = visible.sum().item() if kind == "reindex" else n
-        out["index_bytes"] = n_keys * INDEX_DIM * 2 + n + 4 * n + INDEX_HEADS * (INDEX_DIM * 2 + 4)
-        out["index_fp4_bytes"] = n_keys * (INDEX_DIM // 2 + INDEX_DIM // 32) + n + 4 * n \
-            + INDEX_HEADS * (INDEX_DIM * 2 + 4)
+        out["index_bytes"] = index_bytes(1, n, n_keys)
+        out["index_fp4_bytes"] = index_bytes(1, n, n_keys, fp4=True)
     out["attn_us"] = 1e3 * time_ms(lambda: attn(q, kv, idx, win, wmask, sink, scale), graph=True)
     # the same with the L2 cache overwritten before each call (time_cold_ms): the index keys fit
     # in the H200's L2 up to 128K entries, so the back-to-back replays above read them from there
@@ -182,7 +195,7 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
             return index_kernel.csa2_index_score(iq, iw, ik, visible)
         out["index_cold_us"] = 1e3 * time_cold_ms(index_only)
         out["index_single_us"] = 1e3 * time_cold_ms(index_only, cold=False)
-    out["attn_bytes"] = (TOPK + WINDOW) * (HEAD_DIM * 2 + 8) + 2 * HEADS * HEAD_DIM * 2
+    out["attn_bytes"] = attn_bytes(1)
     if kind == "full" and ctx <= 32768:  # the eager reference of the same layer
         def eager():
             s = index_ref.csa2_index_score(iq, iw, ik, visible)

@@ -42,7 +42,9 @@ from bench_kernels import (
     INDEX_HEADS,
     TOPK,
     WINDOW,
+    attn_bytes,
     ceilings,
+    index_bytes,
     time_cold_ms,
     time_ms,
 )
@@ -62,18 +64,15 @@ TARGETS = {"full": 3.0, "full_fp4": 3.0, "reindex": 15.0, "reuse": 15.0}
 
 def layer_bytes(batch: int, ctx: int, pooled: int) -> dict:
     """Bytes each kernel must move at least, for `batch` rows of `ctx` entries (`pooled` of them
-    indexed by a Reindex layer). Index: the visible keys, one mask byte and one fp32 score per entry,
-    the queries and head weights. Top-k: one read of the scores, k values and indices out.
-    Attention: the selected and window rows with their index / mask, the query and the output.
-    Dense: every row's uncompressed KV read once (the roofline the targets compare with)."""
-    queries = INDEX_HEADS * (INDEX_DIM * 2 + 4)
-    per_entry = ctx + 4 * ctx
+    indexed by a Reindex layer): index and attention as bench_kernels counts them; top-k one read
+    of the scores and k values and indices out; dense every row's uncompressed KV read once (the
+    roofline the targets compare with)."""
     return {
-        "index": batch * (ctx * INDEX_DIM * 2 + per_entry + queries),
-        "index_fp4": batch * (ctx * (INDEX_DIM // 2 + INDEX_DIM // 32) + per_entry + queries),
-        "index_reindex": batch * (pooled * INDEX_DIM * 2 + per_entry + queries),
+        "index": index_bytes(batch, ctx, ctx),
+        "index_fp4": index_bytes(batch, ctx, ctx, fp4=True),
+        "index_reindex": index_bytes(batch, ctx, pooled),
         "topk": batch * (4 * ctx + TOPK * 12),
-        "attn": batch * ((TOPK + WINDOW) * (HEAD_DIM * 2 + 8) + 2 * HEADS * HEAD_DIM * 2),
+        "attn": attn_bytes(batch),
         "dense": batch * ctx * HEAD_DIM * 2,
     }
 

@@ -14,6 +14,7 @@ import sys
 import time
 
 from dsflash.model.generate import SamplingParams
+from dsflash.model.model import PREFILL_MODES
 from dsflash.runtime.api import Runtime
 from dsflash.runtime.engine import BACKENDS, TUNED_COMPILE
 from dsflash.runtime.request import GenerationParams
@@ -34,7 +35,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int)
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--capacity", type=int, default=512)
-    ap.add_argument("--prefill", default="replay", choices=["replay", "exact"])
+    ap.add_argument("--prefill", default="replay", choices=PREFILL_MODES)
     ap.add_argument("--tuned-compile", action="store_true",
                     help="torch-compiled: tune inductor's kernels by timing (TUNED_COMPILE: a faster "
                          "decode step for about twice the compile time)")

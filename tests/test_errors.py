@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from dsflash.model.cache import ModelCache
-from dsflash.model.model import DSFlashModel
+from dsflash.model.model import DSFlashModel, encoder_rows
 
 
 def test_ids_outside_vocabulary(tiny_model):
@@ -34,6 +34,11 @@ def test_bad_shapes_slots_and_modes(tiny_model):
         tiny_model.decoder_step(torch.zeros(1, 1, dtype=torch.long), cache, slots=[2])
     with pytest.raises(ValueError, match="prefill mode 'fast'"):
         tiny_model.prefill(torch.zeros(1, 3, dtype=torch.long), cache, [0], mode="fast")
+    # the one split every runtime shares refuses it too (it used to treat it as 'exact')
+    with pytest.raises(ValueError, match="prefill mode 'Replay' is not 'replay' or 'exact'"):
+        encoder_rows(tiny_model.cfg, 300, "Replay")
+    assert encoder_rows(tiny_model.cfg, 300, "exact") == 0
+    assert encoder_rows(tiny_model.cfg, 300, "replay") == 300 - tiny_model.cfg.sliding_window
     tiny_model.prefill(torch.zeros(1, 3, dtype=torch.long), cache, [0])
     with pytest.raises(ValueError, match="prefill needs empty slots"):
         tiny_model.prefill(torch.zeros(1, 3, dtype=torch.long), cache, [0])

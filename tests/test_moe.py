@@ -130,9 +130,9 @@ def _traced_call_targets(module, x) -> list[str]:
 def test_a_runtime_trace_reads_the_expert_stack_and_export_stacks_the_parameters(tiny_cfg, gen):
     """torch.compile (the torch-compiled backend) traces the dispatch over the stored stack (for
     one row, only the routed experts); only inside export_form (the ONNX export) does the graph
-    stack the parameters and take one MatMul over [E*I, H]. Both give the eager result. Keyed on torch.compiler.is_exporting(), torch
-    2.11's compile trace took the export form and copied all experts every step; the flag is
-    explicit now."""
+    stack the parameters and take one MatMul over [E*I, H]. Both give the eager result. Keyed on
+    torch.compiler.is_exporting(), torch 2.11's compile trace took the export form and copied all
+    experts every step; the flag is explicit now."""
     from dsflash.model.model import DSFlashModel
     from dsflash.model.moe import export_form
 

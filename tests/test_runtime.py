@@ -193,7 +193,7 @@ def test_warm_up_runs_the_served_steps_and_leaves_the_cache_alone(tiny_bundle, t
         g.warm_up(batch_sizes=[1, 4])
     with pytest.raises(ValueError, match=r"warm-up prompt length 65 outside \[1, 64\]"):
         g.warm_up(prompt_lengths=[65])
-    with pytest.raises(ValueError, match="prefill_mode 'fast': 'replay' or 'exact'"):
+    with pytest.raises(ValueError, match="prefill mode 'fast' is not 'replay' or 'exact'"):
         g.warm_up(prefill_mode="fast")
     g.add(prompts[0], GenerationParams(max_new_tokens=2))
     with pytest.raises(RuntimeError, match="warm_up needs an idle generator: 1 waiting and 0 running"):
