@@ -20,6 +20,12 @@ read (bench_kernels.time_cold_ms). The top-k kernel's picks are checked against 
 on every case (a warning and `topk_exact: false` in the JSON if they differ).
 
     python scripts/bench_layer_batch.py --out gpu_out [--batches 1,8,32,64] [--contexts 131072]
+    python scripts/bench_layer_batch.py --out gpu_out --batches 1,64 --topk-digits 8-8-8-8,4-4-8-8-8
+    python scripts/bench_layer_batch.py --out gpu_out --batches 1,64 --fp4-configs 64:4:4:0,128:16:8:3
+
+The sweeps replace the layer timings: the top-k's chunks and digit splits (each checked bit for bit
+against the stable sort) and the FP4 index kernel's launch configs (each compared with the launch
+default's scores), with their fractions of the roofline.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from tqdm import tqdm
 from dsflash.model.quant import fp4_pow2_pack
 from dsflash.plugins.csa2_index_score import kernel as index_kernel
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
-from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
+from dsflash.plugins.stable_topk.kernel import StableTopkLauncher, digit_passes
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
 log = logging.getLogger("bench_layer_batch")
@@ -139,29 +145,88 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
     return out
 
 
-def topk_sweep(batch: int, ctx: int, gen: torch.Generator, chunks: list[int]) -> dict:
-    """The top-k's chunk (entries per program), warps and idle-program skip at a batch, on the
-    index kernel's scores of a Full and of a Reindex layer: at B rows a digit pass launches
-    B x ctx / CHUNK programs, each building a 256-bin histogram. Every setting is checked bit for
-    bit against the stable sort first (NaN: it differed)."""
+def topk_settings(chunks: list[int], digits: list[tuple]) -> dict:
+    """Label -> StableTopkLauncher overrides: each chunk with 4 warps, 4 warps without the idle
+    skip and 8 warps; each digit split (widths of the passes, most significant first) with the
+    launcher's own chunk."""
+    out = {}
+    for chunk in chunks:
+        for warps, skip in ((4, True), (4, False), (8, True)):
+            out[f"chunk {chunk} warps {warps}{'' if skip else ' no skip'}"] = {
+                "CHUNK": chunk, "num_warps": warps, "SKIP_IDLE": skip}
+    for split in digits:
+        out["digits " + "-".join(map(str, split))] = {"DIGITS": split}
+    return out
+
+
+def topk_sweep(batch: int, ctx: int, gen: torch.Generator, settings: dict) -> dict:
+    """The top-k's launch settings at a batch (topk_settings), on the index kernel's scores of a
+    Full and of a Reindex layer: at B rows a digit pass launches B x ctx / CHUNK programs, each
+    building a 2^bits-bin histogram. Every setting is checked bit for bit against the stable sort
+    first (NaN: it differed)."""
     x = layer_inputs(batch, ctx, gen)
     scores = {kind: index_kernel.csa2_index_score(x["iq"], x["iw"], x["ik"], x[vis])
               for kind, vis in (("full", "all"), ("reindex", "pool"))}
     del x
-    variants = ((4, True), (4, False), (8, True))  # (warps, SKIP_IDLE)
-    settings = [(chunk, warps, skip) for chunk in chunks for warps, skip in variants]
     out = {}
     for kind, s in scores.items():
         want = stable_topk_reference(s, TOPK)[1]
-        for chunk, warps, skip in settings:
-            topk = StableTopkLauncher(overrides={"CHUNK": chunk, "num_warps": warps, "SKIP_IDLE": skip})
-            label = f"{kind} chunk {chunk} warps {warps}{'' if skip else ' no skip'}"
+        for name, over in settings.items():
+            topk = StableTopkLauncher(overrides=over)
+            label = f"{kind} {name}"
             if not torch.equal(topk(s, TOPK)[1], want):
                 log.warning("top-k with %s differs from the stable sort (batch %d)", label, batch)
                 out[label] = float("nan")
                 continue
             out[label] = 1e3 * time_ms(lambda topk=topk, s=s: topk(s, TOPK), graph=True)
     return out
+
+
+def fp4_sweep(batch: int, ctx: int, gen: torch.Generator, configs: list[dict]) -> dict:
+    """The FP4 index kernel's FP8 tensor-core path (fp4_mma.py) under each launch config, over
+    every entry of B rows. Each config's scores are compared with the launch default's first:
+    the same per-entry products in another tiling should give the same bits ('max_rel_diff' in
+    the JSON, a warning when not 0)."""
+    x = layer_inputs(batch, ctx, gen)
+    args = (x["iq"], x["iw"], x["codes"], x["exps"], x["all"])
+    def scores(over):
+        return index_kernel.csa2_index_score_fp4(*args, overrides=over)
+
+    want = scores({"PATH": "mma"})
+    scale = want.abs().max().item()
+    out = {}
+    for cfg in configs:
+        over = {"PATH": "mma"} | cfg
+        label = " ".join(f"{k} {v}" for k, v in cfg.items() if k != "PATH") or cfg["PATH"]
+        diff = (scores(over) - want).abs().nan_to_num(0.0).max().item()
+        if diff:
+            log.warning("FP4 index with %s differs from the default launch by %.3g of the largest score",
+                        label, diff / scale)
+        us = 1e3 * time_ms(lambda over=over: scores(over), graph=True)
+        out[label] = {"us": us, "max_rel_diff": diff / scale}
+    return out
+
+
+def parse_fp4_configs(text: str) -> list[dict]:
+    """'BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS]' entries, comma-separated (b: one exponent byte
+    per load instead of the 32-bit words; rREGS: ptxas's register cap per thread, maxnreg), or
+    'decode' (the decode path, for comparison)."""
+    configs = []
+    for item in filter(None, text.split(",")):
+        if item == "decode":  # the exact decode to bf16 keys (kernel.py), for comparison
+            configs.append({"PATH": "decode"})
+            continue
+        parts = item.split(":")
+        flags = parts[4:]
+        numbers_ok = len(parts) >= 4 and all(p.isdigit() for p in parts[:4])
+        if not numbers_ok or not all(f == "b" or (f[:1] == "r" and f[1:].isdigit()) for f in flags):
+            raise ValueError(f"FP4 config {item!r} is not BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS]")
+        block_n, blocks, warps, stages = map(int, parts[:4])
+        cfg = {"BLOCK_N": block_n, "BLOCKS": blocks, "num_warps": warps, "STAGES": stages}
+        for flag in flags:
+            cfg |= {"EXP_WORDS": False} if flag == "b" else {"maxnreg": int(flag[1:])}
+        configs.append(cfg)
+    return configs
 
 
 def report(res: dict) -> str:
@@ -191,12 +256,24 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true", help="also time one replay after a 256 MB read")
     ap.add_argument("--topk-chunks", default="", help="sweep the top-k's CHUNK (e.g. 512,1024,2048) "
                     "at each batch and context instead of timing the layers")
+    ap.add_argument("--topk-digits", default="",
+                    help="sweep the top-k's digit splits (e.g. 8-8-8-8,4-4-8-8-8)")
+    ap.add_argument("--fp4-configs", default="", help="sweep the FP4 index kernel's launch "
+                    "(BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS],...) instead of timing the layers")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
     bad = [v for v in batches + contexts if v < 1] + [c for c in contexts if c % CAND_BLOCK]
     if bad:
         ap.error(f"batches and contexts must be >= 1 and contexts multiples of {CAND_BLOCK}; got {bad}")
+    try:
+        fp4_configs = parse_fp4_configs(args.fp4_configs)
+        digits = [tuple(int(d) for d in split.split("-"))
+                  for split in filter(None, args.topk_digits.split(","))]
+        for split in digits:
+            digit_passes(split)  # widths 1..11 adding up to 32, or a ValueError naming them
+    except ValueError as err:
+        ap.error(str(err))
     if not torch.cuda.is_available():
         ap.error("the layer benchmark times CUDA graphs: it needs a GPU")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
@@ -206,13 +283,23 @@ def main() -> None:
     res = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "torch": torch.__version__, "triton": triton.__version__, "bw_GBps": bw, "cases": []}
     gen = torch.Generator(device="cuda").manual_seed(0)
-    if args.topk_chunks:
-        chunks = [int(c) for c in args.topk_chunks.split(",")]
-        res["topk_sweep_us"] = {f"batch {b} ctx {c}": topk_sweep(b, c, gen, chunks)
+    if args.topk_chunks or digits:
+        settings = topk_settings([int(c) for c in filter(None, args.topk_chunks.split(","))], digits)
+        res["topk_sweep_us"] = {f"batch {b} ctx {c}": topk_sweep(b, c, gen, settings)
                                 for c in contexts for b in batches}
         (out / "topk_sweep.json").write_text(json.dumps(res, indent=1))
         for case, times in res["topk_sweep_us"].items():
             log.info("%s: %s", case, ", ".join(f"{k} {us:.1f} us" for k, us in times.items()))
+    if fp4_configs:
+        res["fp4_sweep"] = {}
+        for c in contexts:
+            for b in batches:
+                case = res["fp4_sweep"][f"batch {b} ctx {c}"] = fp4_sweep(b, c, gen, fp4_configs)
+                roof = index_bytes(b, c, c, fp4=True) / bw / 1e3
+                (out / "fp4_sweep.json").write_text(json.dumps(res, indent=1))
+                times = (f"{k} {v['us']:.1f} us ({100 * roof / v['us']:.0f}%)" for k, v in case.items())
+                log.info("batch %d ctx %d (roofline %.1f us): %s", b, c, roof, ", ".join(times))
+    if args.topk_chunks or digits or fp4_configs:
         return
     for ctx in contexts:
         for batch in tqdm(batches, desc=f"layers at {ctx}"):

@@ -34,11 +34,12 @@ def topk(n: int, gen):
     return lambda: launcher(scores, bench.TOPK)
 
 
-def index_args(n: int, gen):
-    iq = torch.randn(1, 1, bench.INDEX_HEADS, bench.INDEX_DIM, generator=gen).to("cuda", bench.BF16)
-    iw = torch.randn(1, 1, bench.INDEX_HEADS, generator=gen).cuda()
-    ik = torch.randn(1, n, bench.INDEX_DIM, generator=gen).to("cuda", bench.BF16)
-    return iq, iw, ik, torch.ones(1, 1, n, dtype=torch.bool, device="cuda")
+def index_args(n: int, gen, batch: int = 1):
+    iq = torch.randn(batch, 1, bench.INDEX_HEADS, bench.INDEX_DIM, generator=gen).to("cuda", bench.BF16)
+    iw = torch.randn(batch, 1, bench.INDEX_HEADS, generator=gen).cuda()
+    # made on the GPU: at a decode batch of 128K-entry rows the keys are GBs
+    ik = torch.randn(batch, n, bench.INDEX_DIM, device="cuda", dtype=bench.BF16)
+    return iq, iw, ik, torch.ones(batch, 1, n, dtype=torch.bool, device="cuda")
 
 
 def index_bf16(n: int, gen):
@@ -46,8 +47,8 @@ def index_bf16(n: int, gen):
     return lambda: index_kernel.csa2_index_score(*args)
 
 
-def index_fp4(n: int, gen):
-    iq, iw, ik, visible = index_args(n, gen)
+def index_fp4(n: int, gen, batch: int = 1):
+    iq, iw, ik, visible = index_args(n, gen, batch)
     codes, exps = fp4_pow2_pack(ik.float())
     return lambda: index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible)
 
@@ -66,6 +67,7 @@ def attention(n: int, gen):
 CASES = {"mhc8192": lambda g: mhc(8192, g), "mhc1": lambda g: mhc(1, g),
          "mhc8192_split4": lambda g: mhc(8192, g, n_split=4),
          "topk131072": lambda g: topk(131072, g), "index_fp4_131072": lambda g: index_fp4(131072, g),
+         "index_fp4_131072_b64": lambda g: index_fp4(131072, g, batch=64),
          "index131072": lambda g: index_bf16(131072, g),
          "attn_decode": lambda g: attention(65536, g)}
 

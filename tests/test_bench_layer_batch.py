@@ -41,6 +41,11 @@ def test_layer_bytes_grow_with_the_batch_and_bound_the_speed_ups(bench):
 @pytest.mark.parametrize("args, message", [
     (["--batches", "0"], "must be >= 1"),
     (["--contexts", "1001"], "multiples of 8"),
+    (["--fp4-configs", "64:4:4"], "FP4 config '64:4:4' is not BLOCK_N:BLOCKS:num_warps:STAGES"),
+    (["--fp4-configs", "64:4:4:0:x"], "is not BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS]"),
+    (["--fp4-configs", "64:4:4:0:rx"], "is not BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS]"),
+    (["--topk-digits", "8-8-8"], "digit widths (8, 8, 8) must be 1..11 bits each and add up to 32"),
+    (["--topk-digits", "16-16"], "digit widths (16, 16) must be"),
 ])
 def test_bad_sizes_are_refused_by_name(tmp_path, args, message):
     bad = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), *args], capture_output=True,
@@ -55,3 +60,16 @@ def test_without_a_gpu_it_says_so(tmp_path):
     bad = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True,
                          text=True, cwd=ROOT, check=False)
     assert bad.returncode != 0 and "needs a GPU" in bad.stderr
+
+
+def test_sweep_settings_spell_out_the_launches(bench):
+    assert bench.parse_fp4_configs("decode,64:4:4:0:r80,128:16:8:3:b") == [
+        {"PATH": "decode"},
+        {"BLOCK_N": 64, "BLOCKS": 4, "num_warps": 4, "STAGES": 0, "maxnreg": 80},
+        {"BLOCK_N": 128, "BLOCKS": 16, "num_warps": 8, "STAGES": 3, "EXP_WORDS": False}]
+    assert bench.parse_fp4_configs("") == []
+    settings = bench.topk_settings([2048], [(4, 4, 8, 8, 8)])
+    assert settings == {"chunk 2048 warps 4": {"CHUNK": 2048, "num_warps": 4, "SKIP_IDLE": True},
+                        "chunk 2048 warps 4 no skip": {"CHUNK": 2048, "num_warps": 4, "SKIP_IDLE": False},
+                        "chunk 2048 warps 8": {"CHUNK": 2048, "num_warps": 8, "SKIP_IDLE": True},
+                        "digits 4-4-8-8-8": {"DIGITS": (4, 4, 8, 8, 8)}}

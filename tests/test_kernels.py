@@ -121,13 +121,16 @@ def test_index_score_fp4_kernel(gen, dtype, b, s, i, j, n):
         index_kernel.csa2_index_score_fp4(*_dev(q, w, codes, exps.int(), visible))
 
 
+@pytest.mark.parametrize("over", [{}, {"STAGES": 2, "BLOCKS": 3}, {"EXP_WORDS": False, "BLOCK_N": 32}],
+                         ids=["branch", "pipelined", "exponent_bytes"])
 @pytest.mark.parametrize("b,s,i,j,n", [(2, 3, 16, 32, 70), (1, 2, 32, 128, 300), (1, 1, 16, 96, 40)])
-def test_index_score_fp4_tensor_core_path(gen, b, s, i, j, n):
+def test_index_score_fp4_tensor_core_path(gen, b, s, i, j, n, over):
     """The FP8 tensor-core path (fp4_mma.py: keys as e4m3 bytes, queries as two e4m3 parts per
     head scale). Queries here have 8 significant bits within 2^8 of their head's largest, so the
     split is exact: the interpreter's exact FP8 products must then meet the fp32 bound, which
     checks the decode, the channel order, the scales and the split. The GPU runs it in bf16 on
-    random queries (bf16 bound)."""
+    random queries (bf16 bound). Variants: the branch that skips unseen blocks, the pipelined loop
+    (visibility masks the loads; BLOCKS 3 leaves a short last run), one exponent byte per load."""
     dtype = torch.float32 if interpreting() else torch.bfloat16
     mag = torch.randint(1, 256, (b, s, i, j), generator=gen) / 64.0
     q = (mag * torch.where(torch.rand(b, s, i, j, generator=gen) < 0.5, -1.0, 1.0)).to(dtype)
@@ -137,8 +140,12 @@ def test_index_score_fp4_tensor_core_path(gen, b, s, i, j, n):
     visible = torch.rand(b, s, n, generator=gen) > 0.3
     visible[-1, -1, : min(n, 128)] = False  # a whole entry block skipped
     args = (q, w, codes, exps, visible)
-    got = index_kernel.csa2_index_score_fp4(*_dev(*args), overrides={"PATH": "mma"})
-    assert_kernel_matches(got, index_ref.csa2_index_score_fp4, args, {}, dtype, "Csa2IndexScore(fp4, FP8)")
+    got = index_kernel.csa2_index_score_fp4(*_dev(*args), overrides={"PATH": "mma"} | over)
+    assert_kernel_matches(got, index_ref.csa2_index_score_fp4, args, {}, dtype,
+                          f"Csa2IndexScore(fp4, FP8, {over})")
+    if j % 128:
+        with pytest.raises(ValueError, match=f"EXP_WORDS needs J / 32 = {j // 32} exponents"):
+            index_kernel.csa2_index_score_fp4(*_dev(*args), overrides={"PATH": "mma", "EXP_WORDS": True})
     with pytest.raises(ValueError, match="power-of-two head count >= 16, got 12"):
         index_kernel.csa2_index_score_fp4(*_dev(q[:, :, :12], w[:, :, :12], codes, exps, visible),
                                           overrides={"PATH": "mma"})

@@ -62,10 +62,16 @@ def test_index_score_flash_sizes(gen, s, n):
     assert_kernel_matches(got, index_ref.csa2_index_score, (q, w, k, visible), {}, BF16, "index score")
 
 
-@pytest.mark.parametrize("path", ["decode", "mma"])
+FP4_LAUNCHES = {"decode": {"PATH": "decode"}, "mma": {"PATH": "mma"},
+                "mma_pipelined": {"PATH": "mma", "BLOCK_N": 128, "BLOCKS": 16, "STAGES": 3, "num_warps": 8},
+                "mma_exponent_bytes": {"PATH": "mma", "EXP_WORDS": False, "STAGES": 2}}
+
+
+@pytest.mark.parametrize("path", list(FP4_LAUNCHES))
 def test_index_score_fp4_keys_flash_sizes(gen, path):
     """FP4 index keys as stored in the release (32 heads x 128, 68 B per entry), random bf16
-    queries, through both paths (decode to bf16 keys; FP8 tensor cores)."""
+    queries, through both paths (decode to bf16 keys; FP8 tensor cores, with the branch per block
+    or the pipelined loop, exponents as words or bytes)."""
     from dsflash.model.quant import fp4_pow2_pack
 
     q = torch.randn(1, 2, 32, 128, generator=gen).to(BF16)
@@ -74,8 +80,32 @@ def test_index_score_fp4_keys_flash_sizes(gen, path):
     visible = torch.rand(1, 2, 16411, generator=gen) > 0.2
     args = (q, w, codes, exps, visible)
     poison_allocator()
-    got = index_kernel.csa2_index_score_fp4(*cuda(*args), overrides={"PATH": path})
+    got = index_kernel.csa2_index_score_fp4(*cuda(*args), overrides=FP4_LAUNCHES[path])
     assert_kernel_matches(got, index_ref.csa2_index_score_fp4, args, {}, BF16, f"index scores fp4 {path}")
+
+
+def test_index_score_fp4_batch_launch_is_the_one_row_launch_bit_for_bit(gen):
+    """At a decode batch (rows x runs of 2,048 entries >= one per SM) the FP8 path takes the
+    pipelined form (fp4_mma_config); per entry it does the same products in the same order as the
+    one-row form, so the scores agree bit for bit, and both meet the reference."""
+    from dsflash.model.quant import fp4_pow2_pack
+
+    rows, n = 20, 16411
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert index_kernel.fp4_mma_config(1, 131072, torch.device("cuda"))["BLOCK_N"] == 64
+    picked = index_kernel.fp4_mma_config(rows, n, torch.device("cuda"))
+    assert picked.get("STAGES") == 3 or rows * 9 < sms
+    q = torch.randn(rows, 1, 32, 128, generator=gen).to(BF16)
+    w = torch.randn(rows, 1, 32, generator=gen)
+    codes, exps = fp4_pow2_pack(torch.randn(rows, n, 128, generator=gen))
+    visible = torch.rand(rows, 1, n, generator=gen) > 0.2
+    args = (q, w, codes, exps, visible)
+    poison_allocator()
+    batch = index_kernel.csa2_index_score_fp4(*cuda(*args), overrides={"PATH": "mma"})
+    one_row = index_kernel.csa2_index_score_fp4(*cuda(*args), overrides={"PATH": "mma", "BLOCK_N": 64,
+                                                                        "BLOCKS": 4, "STAGES": 0})
+    assert torch.equal(batch, one_row)
+    assert_kernel_matches(batch, index_ref.csa2_index_score_fp4, args, {}, BF16, "index scores fp4 batch")
 
 
 @pytest.mark.parametrize("s", [1, 3, 67])

@@ -10,18 +10,22 @@ The queries go in as two e4m3 parts, q = a_h (hi + lo) per head with a power-of-
 puts the head's largest |q| in [128, 256): hi = q / a_h cut to its top 4 significant bits, lo =
 the rest in e4m3, so a bf16 query (8 significant bits) is exact wherever lo is a multiple of
 e4m3's smallest step 2^-9, i.e. for |q| down to about 2^-10 of the head's largest; smaller entries
-lose low bits (they weigh under 2^-10 in the dot). Per scale group of 32 channels: two m64n32k32
-FP8 products (keys x hi, keys x lo), then x 2^6 x 2^e per entry in fp32; a_h > 0 moves through
-the ReLU into the head weight. The result matches the reference by the kernel tolerance rule for
-bf16 (tests/test_kernels_gpu.py); fp32 and fp16 queries keep kernel.py's exact decode.
+lose low bits (they weigh under 2^-10 in the dot). Per scale group of 32 channels: the key tile
+times hi, then times lo into the same tensor-core accumulator (m64n32k32 FP8 products), then x 2^e
+per entry in one FMA per element; x 2^6 once per entry after the head sum, and a_h > 0 moves
+through the ReLU into the head weight. The result matches the reference by the kernel tolerance
+rule for bf16 (tests/test_kernels_gpu.py); fp32 and fp16 queries keep kernel.py's exact decode.
 
-H200, 2026-12-03 (docs/benchmarks.md, two runs): 12.6-12.7 us at 128K entries against
-25.4-26.1 us for the decode in the same runs (8.9 MB: 17-18% of the copy roofline), and ~8 us at
-any size up to 32K: the time is each program's query split followed by its blocks one after
-another, not bytes.
+Channel order: the key tile of group g holds its 16 even channels (the codes' low nibbles) and
+then its 16 odd ones, and the query tiles are permuted to match; a code word then converts into
+one operand register per plane with no byte permutes (sm_90 SASS of the pipelined loop: 546
+instructions per 128 entries against 710 in the natural, interleaved order).
 
-Key tile of group g: its 16 code bytes per entry (one contiguous load), the low- and
-high-nibble planes joined side by side, which is the natural channel order of the query tile.
+H200, 2026-12-04 (docs/benchmarks.md, "CSA2 decode layers at a decode batch"), 128K entries per
+row, 68 B each: one row 9.2-9.3 us (12.6-12.7 us on 2026-12-03; the decode path 25.2 us); 64
+rows 340-346 us, 43% of the copy roofline (764.0 us in session 18's run). Past 8 rows
+ncu finds the L2's tag lookups the busiest unit (78%), DRAM at 39%, 25% occupancy (registers
+and shared memory both allow 4 programs of 4 warps per SM).
 """
 
 from __future__ import annotations
@@ -38,11 +42,14 @@ def _e4m3_planes(byte, ASM: tl.constexpr):
     """Code bytes -> (low-nibble, high-nibble) values as e4m3 bytes, each grid(code) x 2^-6. ASM:
     four bytes per 32-bit operation (inline PTX; the interpreter runs the same on single bytes)."""
     if ASM:
+        # shift first, mask after (the masks keep each byte's bits in the byte), so that ptxas can
+        # fold each and/or pair into one lop3: 4 + 3 operations per four bytes
         lo = tl.inline_asm_elementwise(
-            "{ .reg .b32 a, b; and.b32 a, $1, 0x08080808; shl.b32 a, a, 4; and.b32 b, $1, 0x07070707;"
-            " shl.b32 b, b, 2; or.b32 $0, a, b; }", "=r,r", [byte], dtype=tl.uint8, is_pure=True, pack=4)
+            "{ .reg .b32 a, b; shl.b32 a, $1, 4; shl.b32 b, $1, 2; and.b32 a, a, 0x80808080;"
+            " and.b32 b, b, 0x1C1C1C1C; or.b32 $0, a, b; }", "=r,r", [byte], dtype=tl.uint8, is_pure=True,
+            pack=4)
         hi = tl.inline_asm_elementwise(
-            "{ .reg .b32 a, b; and.b32 a, $1, 0x80808080; and.b32 b, $1, 0x70707070; shr.b32 b, b, 2;"
+            "{ .reg .b32 a, b; shr.b32 b, $1, 2; and.b32 a, $1, 0x80808080; and.b32 b, b, 0x1C1C1C1C;"
             " or.b32 $0, a, b; }", "=r,r", [byte], dtype=tl.uint8, is_pure=True, pack=4)
     else:
         lo = ((byte & 8) << 4) | ((byte & 7) << 2)
@@ -73,6 +80,9 @@ def _query_parts(q_ptr, row, I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr)
     q_lo = ()
     for g in tl.static_range(J // 32):
         qs = tl.load(q_ptr + (row * I + ii[:, None]) * J + 32 * g + kk[None, :]).to(tl.float32)
+        # the key tile's channel order, even channels then odd ones, by a permute in registers
+        # (a gather in that order loads 2 bytes at a time: 2x slower at one row)
+        qs = tl.reshape(tl.permute(tl.reshape(qs, [I, 16, 2]), (0, 2, 1)), [I, 32])
         qs = qs * inv_a[:, None]
         hi = (qs.to(tl.int32, bitcast=True) & -1048576).to(tl.float32, bitcast=True).to(tl.float8e4nv)
         q_hi = q_hi + (hi,)
@@ -81,36 +91,93 @@ def _query_parts(q_ptr, row, I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr)
 
 
 @triton.jit
+def _exponent(exps_ptr, entry, live, g, G: tl.constexpr, EXP_WORDS: tl.constexpr):
+    """Scale group g's int8 exponent per entry [BLOCK_N] (int32). EXP_WORDS: the exponents viewed
+    as int32 words (four per word, little-endian), one 32-bit load per word instead of one byte
+    load per group; the byte is moved to the top and shifted back down arithmetically (sign)."""
+    if EXP_WORDS:
+        word = tl.load(exps_ptr + entry * (G // 4) + g // 4, mask=live, other=0)
+        return (word << (24 - 8 * (g % 4))) >> 24
+    return tl.load(exps_ptr + entry * G + g, mask=live, other=0).to(tl.int32)
+
+
+@triton.jit
+def _fp4_block_dots(codes_ptr, exps_ptr, entry, live, q_hi, q_lo, I: tl.constexpr, J: tl.constexpr,
+                    BLOCK_N: tl.constexpr, ASM: tl.constexpr, EXP_WORDS: tl.constexpr):
+    """Per entry and head, 2^-6 keys . q / a_h [BLOCK_N, I] in fp32 for entries `entry` (loads
+    masked by `live`): per scale group the e4m3 key tile times the query's hi part, then its lo part
+    added in the same tensor-core accumulator, x 2^e in one FMA per element (the caller applies
+    the 2^6 once per entry: at a decode batch the kernel issues about as many instructions as the
+    bytes allow, and the per-element work of every group is what it spends them on)."""
+    hb = tl.arange(0, 16)
+    acc = tl.zeros([BLOCK_N, I], dtype=tl.float32)
+    for g in tl.static_range(J // 32):
+        byte = tl.load(codes_ptr + entry[:, None] * (J // 2) + 16 * g + hb[None, :], mask=live[:, None],
+                       other=0)
+        lo, hi = _e4m3_planes(byte, ASM)
+        # the 16 even channels (low nibbles) then the 16 odd ones: each 4-byte word of codes becomes
+        # one tensor-core operand register per plane as it is, where the natural channel order
+        # interleaves the planes byte by byte (16-bit shared loads and byte permutes to build
+        # each register: ~150 PRMT per loop iteration in the sm_90 SASS); the query tiles are
+        # loaded in the same channel order (_query_parts)
+        keys = tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), [BLOCK_N, 32])
+        keys = keys.to(tl.float8e4nv, bitcast=True)
+        part = tl.dot(keys, tl.trans(q_lo[g]), tl.dot(keys, tl.trans(q_hi[g])))
+        acc += part * exact_pow2(_exponent(exps_ptr, entry, live, g, J // 32, EXP_WORDS))[:, None]
+    return acc
+
+
+@triton.jit
+def _weighted_relu_sum(acc, w):
+    """sum_h w_h relu(dots), the dots being 2^-6 of the true ones: x 2^6 (undoes the e4m3
+    placement of the keys) once per entry; ReLU, the products and the sum commute with a power of
+    two, so this rounds as scaling every dot would (outside fp32's subnormal range)."""
+    return tl.sum(tl.maximum(acc, 0.0) * w[None, :], axis=1) * 64.0
+
+
+@triton.jit
 def csa2_index_score_fp4_mma_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, vis_ptr, S, N, out_ptr,
                                     I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr,
                                     BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr,
+                                    STAGES: tl.constexpr = 0, EXP_WORDS: tl.constexpr = False,
                                     PDL: tl.constexpr = False):
     """Grid (B * S query rows, runs of BLOCKS entry blocks of BLOCK_N): the query split is made
     once per program and serves its BLOCKS blocks. I heads (a power of two >= 16), J channels (a
-    multiple of 32, JP the next power of two)."""
+    multiple of 32, JP the next power of two). STAGES 0: a block nothing sees is skipped whole
+    (a branch per block); STAGES >= 2: a software-pipelined loop (the next blocks' codes load
+    while one is multiplied), the code loads masked by visibility instead of the branch.
+
+    Measured and dropped (H200, 2026-12-04, 64 rows x 128K, against 344.7-346.2 us for the
+    launch of fp4_mma_config): code loads masked by the row's end only, so that no prefetch waits
+    for the plain 1-byte visibility load (380.7 us at 128-entry blocks: +4 registers cost an
+    SM a program; 324.0-332.9 us at 64-entry blocks under a 80-register cap, but 61-62 us against
+    46 at 8 rows); each entry's 64 code bytes in one load, split into groups in registers, for
+    whole-sector L2 requests (ncu found the L2 tag lookups 78% busy): 340.7 us, 333.2 under a
+    128-register cap, 56.9 / 44.2 against 46.3 us at 8 rows."""
     wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     b = row // S
     q_hi, q_lo, inv_a, ii = _query_parts(q_ptr, row, I, J, JP)
     w = tl.load(w_ptr + row * I + ii).to(tl.float32) / inv_a  # a_h > 0 passes through the ReLU
-    hb = tl.arange(0, 16)
     first = tl.program_id(1) * BLOCKS
-    for blk in range(first, tl.minimum(first + BLOCKS, tl.cdiv(N, BLOCK_N))):
-        n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
-        nmask = n < N
-        vis = tl.load(vis_ptr + row * N + n, mask=nmask, other=0) != 0
-        score = tl.zeros([BLOCK_N], dtype=tl.float32)
-        if tl.max(vis.to(tl.int32), axis=0) > 0:  # a block nothing sees is not read
-            entry = b * N + n
-            acc = tl.zeros([BLOCK_N, I], dtype=tl.float32)
-            for g in tl.static_range(J // 32):
-                byte = tl.load(codes_ptr + entry[:, None] * (J // 2) + 16 * g + hb[None, :],
-                               mask=nmask[:, None], other=0)
-                lo, hi = _e4m3_planes(byte, ASM)
-                # channels 2c (low nibble) and 2c + 1 side by side: the group's natural channel order
-                keys = tl.reshape(tl.join(lo, hi), [BLOCK_N, 32]).to(tl.float8e4nv, bitcast=True)
-                part = tl.dot(keys, tl.trans(q_hi[g])) + tl.dot(keys, tl.trans(q_lo[g]))
-                e = tl.load(exps_ptr + entry * (J // 32) + g, mask=nmask, other=0).to(tl.int32)
-                acc += (part * 64.0) * exact_pow2(e)[:, None]  # x 2^6 undoes the e4m3 placement, exactly
-            score = tl.sum(tl.maximum(acc, 0.0) * w[None, :], axis=1)
-        tl.store(out_ptr + row * N + n, tl.where(vis, score, float("-inf")), mask=nmask)
+    last = tl.minimum(first + BLOCKS, tl.cdiv(N, BLOCK_N))
+    if STAGES == 0:
+        for blk in range(first, last):
+            n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+            nmask = n < N
+            vis = tl.load(vis_ptr + row * N + n, mask=nmask, other=0) != 0
+            score = tl.zeros([BLOCK_N], dtype=tl.float32)
+            if tl.max(vis.to(tl.int32), axis=0) > 0:  # a block nothing sees is not read
+                acc = _fp4_block_dots(codes_ptr, exps_ptr, b * N + n, nmask, q_hi, q_lo, I, J, BLOCK_N, ASM,
+                                      EXP_WORDS)
+                score = _weighted_relu_sum(acc, w)
+            tl.store(out_ptr + row * N + n, tl.where(vis, score, float("-inf")), mask=nmask)
+    else:
+        for blk in tl.range(first, last, num_stages=STAGES):
+            n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+            nmask = n < N
+            vis = tl.load(vis_ptr + row * N + n, mask=nmask, other=0) != 0
+            acc = _fp4_block_dots(codes_ptr, exps_ptr, b * N + n, nmask & vis, q_hi, q_lo, I, J, BLOCK_N,
+                                  ASM, EXP_WORDS)
+            score = _weighted_relu_sum(acc, w)
+            tl.store(out_ptr + row * N + n, tl.where(vis, score, float("-inf")), mask=nmask)

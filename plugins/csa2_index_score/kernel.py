@@ -157,11 +157,12 @@ def _e2m1_values(nib):
 
 @triton.jit
 def exact_pow2(e):
-    """2^e in fp32 for every int8 e, exactly: two normal powers of two (2^max(e, -126) *
-    2^min(e + 126, 0)), so exponents below -126 (never written by the packer) give subnormals."""
-    hi_pow = ((tl.maximum(e, -126) + 127) << 23).to(tl.float32, bitcast=True)
-    lo_pow = ((tl.minimum(e + 126, 0) + 127) << 23).to(tl.float32, bitcast=True)
-    return hi_pow * lo_pow
+    """2^e in fp32 for every int8 e, exactly: the product of two normal powers of two,
+    2^(e >> 1) and 2^(e - (e >> 1)), both exponents in [-64, 64]; exponents below -126 (never
+    written by the packer) give the exact subnormals. Five integer/float operations, no min/max."""
+    half = e >> 1
+    first = ((half + 127) << 23).to(tl.float32, bitcast=True)
+    return first * ((e - half + 127) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -256,9 +257,10 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
                          overrides: dict | None = None) -> torch.Tensor:
     """The reference's (reference.py:csa2_index_score_fp4) signature: keys as FP4 codes [B, N, J/2]
     (uint8) with one int8 exponent per 32 channels [B, N, J/32] (model/quant.py:fp4_pow2_pack).
-    From 64K entries, bf16 queries with a power-of-two head count of 16 or more run on the FP8
-    tensor cores (fp4_mma.py); other calls use the exact bf16/fp32 decode above. `overrides` replaces
-    launch parameters (PATH "mma" or "decode", BLOCK_N, num_warps: benchmark sweeps, tests)."""
+    From 32K entries over all query rows, bf16 queries with a power-of-two head count of 16 or more
+    run on the FP8 tensor cores (fp4_mma.py); other calls use the exact bf16/fp32 decode above. `overrides` replaces
+    launch parameters (PATH "mma" or "decode", BLOCK_N, BLOCKS, STAGES, EXP_WORDS, num_warps,
+    maxnreg: benchmark sweeps, tests)."""
     op = "Csa2IndexScore(fp4)"
     check_shape(op, "q", q_BSIJ, (None, None, None, None))
     b, _, _, j = q_BSIJ.shape
@@ -275,11 +277,11 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     over = dict(overrides or {})
     heads = q_BSIJ.shape[2]
     mma_fits = heads >= 16 and heads == next_pow2(heads)
-    # H200, 2026-12-03, two runs (docs/benchmarks.md): the FP8 path costs ~8 us whatever the size up
-    # to 32K entries (each program's query split and its serial blocks), then grows with the bytes:
-    # 9.3 us at 64K and 12.6-12.7 us at 128K, where the decode takes 13.4-13.7 and 25.4-26.1 us;
-    # below 64K the decode is faster (3.2 us at 4K, 7.5-7.7 us at 32K)
-    wide = n >= 65536 and mma_fits and q_BSIJ.dtype == torch.bfloat16
+    # H200, 2026-12-04 (docs/benchmarks.md): one row, the FP8 path against the decode 6.4 / 2.6 us at
+    # 4K entries, 6.3 / 4.1 at 16K, 6.3 / 7.2 at 32K, 7.1 / 13.2 at 64K, 9.2 / 25.2 at 128K (the
+    # FP8 path's ~6 us floor is a program's query split and its serial blocks); at 16K entries a
+    # row, 8 rows 11.0 / 25.5 us and 64 rows 56.3 / 189.4: the FP8 path from 32K entries in all
+    wide = b * q_BSIJ.shape[1] * n >= 32768 and mma_fits and q_BSIJ.dtype == torch.bfloat16
     path = over.pop("PATH", "mma" if wide else "decode")
     require(path in ("mma", "decode"), f"{op}: PATH {path!r} is not one of 'mma', 'decode'")
     if path == "decode":
@@ -292,16 +294,36 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     out = torch.empty(b, q.shape[1], n, dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out
-    # 64 entries x 4 warps (one m64n32k32 product per part and group; ptxas, sm_90: 128 x 4
-    # spills), 4 blocks per program share one query split (H200 sweep at 128K: 12.7 us; 1 block
-    # 16.6, 8 blocks 16.2, 128 x 2 x 8 warps 14.0)
     pdl = pdl_launch_args(q.device, {"PDL": over.pop("PDL", True)})
-    cfg = {"BLOCK_N": 64, "BLOCKS": 4, "num_warps": 4} | over
+    cfg = fp4_mma_config(b * q.shape[1], n, q.device) | over
+    exps = exps_BNG.contiguous()
+    # four exponents per 32-bit load where they pack into whole words (J = 128: one per entry)
+    words = (j // 32) % 4 == 0 and exps.storage_offset() % 4 == 0
+    cfg.setdefault("EXP_WORDS", words)
+    require(words or not cfg["EXP_WORDS"], f"{op}: EXP_WORDS needs J / 32 = {j // 32} exponents per entry "
+            "to be a multiple of 4 and a 4-byte aligned exps tensor")
+    if cfg["EXP_WORDS"]:
+        exps = exps.view(torch.int32)
     grid = (b * q.shape[1], cdiv(cdiv(n, cfg["BLOCK_N"]), cfg["BLOCKS"]))
-    csa2_index_score_fp4_mma_kernel[grid](q, w, codes_BNH.contiguous(), exps_BNG.contiguous(), vis,
-                                          q.shape[1], n, out, I=heads, J=j, JP=next_pow2(j),
-                                          ASM=not interpreting(), **cfg, **pdl)
+    csa2_index_score_fp4_mma_kernel[grid](q, w, codes_BNH.contiguous(), exps, vis, q.shape[1], n, out,
+                                          I=heads, J=j, JP=next_pow2(j), ASM=not interpreting(), **cfg,
+                                          **pdl)
     return out
+
+
+def fp4_mma_config(rows: int, n: int, device: torch.device) -> dict:
+    """Launch settings of the FP8 tensor-core path (fp4_mma.py) for `rows` query rows of n entries.
+    Few programs (one row: 64 of the batch form's at 128K, under one per SM): 64-entry blocks, 4
+    per program sharing one query split, each skipped whole when nothing sees it. Otherwise (a
+    decode batch) runs of 16 blocks of 128 entries in a 3-stage pipelined loop, 4 warps. H200
+    sweeps at 128K (docs/benchmarks.md, session 19): one row 10.9 us against 22.0; 64 rows 394 us
+    against 694 (8 warps 487, 256-entry blocks 465, 2 or 4 stages 410 / 400)."""
+    branch = {"BLOCK_N": 64, "BLOCKS": 4, "num_warps": 4}
+    batch = {"BLOCK_N": 128, "BLOCKS": 16, "STAGES": 3, "num_warps": 4}
+    if device.type != "cuda":
+        return branch
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return batch if rows * cdiv(n, batch["BLOCK_N"] * batch["BLOCKS"]) >= sms else branch
 
 
 def pipelined_config(rows: int, n: int, dim: int, dtype: torch.dtype, device: torch.device) -> dict:
