@@ -258,9 +258,9 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     """The reference's (reference.py:csa2_index_score_fp4) signature: keys as FP4 codes [B, N, J/2]
     (uint8) with one int8 exponent per 32 channels [B, N, J/32] (model/quant.py:fp4_pow2_pack).
     From 32K entries over all query rows, bf16 queries with a power-of-two head count of 16 or more
-    run on the FP8 tensor cores (fp4_mma.py); other calls use the exact bf16/fp32 decode above. `overrides` replaces
-    launch parameters (PATH "mma" or "decode", BLOCK_N, BLOCKS, STAGES, EXP_WORDS, num_warps,
-    maxnreg: benchmark sweeps, tests)."""
+    run on the FP8 tensor cores (fp4_mma.py); other calls use the exact bf16/fp32 decode above.
+    `overrides` replaces launch parameters (PATH "mma" or "decode", BLOCK_N, BLOCKS, STAGES,
+    EXP_WORDS, num_warps, maxnreg: benchmark sweeps, tests)."""
     op = "Csa2IndexScore(fp4)"
     check_shape(op, "q", q_BSIJ, (None, None, None, None))
     b, _, _, j = q_BSIJ.shape
@@ -316,8 +316,10 @@ def fp4_mma_config(rows: int, n: int, device: torch.device) -> dict:
     Few programs (one row: 64 of the batch form's at 128K, under one per SM): 64-entry blocks, 4
     per program sharing one query split, each skipped whole when nothing sees it. Otherwise (a
     decode batch) runs of 16 blocks of 128 entries in a 3-stage pipelined loop, 4 warps. H200
-    sweeps at 128K (docs/benchmarks.md, session 19): one row 10.9 us against 22.0; 64 rows 394 us
-    against 694 (8 warps 487, 256-entry blocks 465, 2 or 4 stages 410 / 400)."""
+    sweeps at 128K (docs/benchmarks.md, session 19): one row 9.3 us against 19.6 for the batch
+    form; 64 rows 344.7 us against 570.0 for the one-row form; 2 rows (128 batch-form programs)
+    20.3 against 22.7, 4 rows 41.9 against 33.1. Dropped at 64 rows: 8 warps (487 us against 394
+    in an earlier run), 256-entry blocks (465), 2 or 4 stages (410 / 400)."""
     branch = {"BLOCK_N": 64, "BLOCKS": 4, "num_warps": 4}
     batch = {"BLOCK_N": 128, "BLOCKS": 16, "STAGES": 3, "num_warps": 4}
     if device.type != "cuda":
