@@ -79,8 +79,8 @@ class Generator:
         graphs, 1-4 minutes for the small preset on the H200; graphed backends capture one CUDA
         graph per size), and the prefill of each prompt length in `prompt_lengths` as
         `prefill_mode` runs it (eager: Triton compiles its kernels for those shapes). Nothing is
-        written to the cache; the
-        generator must be idle. -> seconds per warmed step, by name ("decode 4", "prefill 300")."""
+        written to the cache; the generator must be idle. -> seconds per warmed step, by name
+        ("decode 4", "prefill 300")."""
         if self.has_unfinished():
             raise RuntimeError(f"warm_up needs an idle generator: {len(self.waiting)} waiting and "
                                f"{len(self.running)} running requests")

@@ -174,7 +174,6 @@ def test_warm_up_runs_the_served_steps_and_leaves_the_cache_alone(tiny_bundle, t
     before = {k: v.clone() for k, v in g.cache.cache.tensors.items()}
     seconds = g.warm_up(prompt_lengths=(5, w + 7))
     assert list(seconds) == ["prefill 5", f"prefill {w + 7}", "decode 1", "decode 2", "decode 3"]
-    assert all(t > 0 for t in seconds.values())
     assert engines["encoder_prefill"].calls == [((1, 7), True)]
     assert engines["decoder_step"].calls == [((1, 5), True), ((1, w), True),
                                              ((1, 1), True), ((2, 1), True), ((3, 1), True)]
