@@ -40,6 +40,8 @@ class StepShared:
     entries: dict[int, SourceEntries] = field(default_factory=dict)
     topk: dict[int, torch.Tensor] = field(default_factory=dict)
     candidates_BSN: torch.Tensor | None = None
+    # The same pool as a list of entry ids [B, S, P] (when the OpSet lists pools: OpSet.pool_form).
+    candidate_list_BSP: torch.Tensor | None = None
     # When a dict, each layer stores the selection it attended with (tests and debugging).
     used_topk: dict[int, torch.Tensor] | None = None
 
@@ -182,14 +184,32 @@ class CSA2Attention(nn.Module):
             return shared.topk[cfg.topk_source_of(self.layer)]
         src = shared.entries[cfg.kv_source_of(self.layer)]
         q, w = self.indexer.queries(qr, x_BSE, cos, sin, cfg.kv_qat)
+        if cfg.uses_candidate_pool(self.layer) and shared.candidate_list_BSP is not None:
+            # the listed pool: only its entries are scored and ranked (same selection as the mask)
+            pool = shared.candidate_list_BSP
+            scores = self.ops.csa2_index_score_pooled(q, w, src.index_k_BNJ, pool)
+            idx = ops.select_listed_topk(scores, pool, cfg.index_topk, src.group_BN.shape[1],
+                                         topk=self.ops.stable_topk)
+            shared.topk[self.layer] = idx
+            return idx
         visible = ops.visible_entries(src.group_BN, pos_BS, self.ratio)
         if cfg.uses_candidate_pool(self.layer):
             visible = visible & shared.candidates_BSN
         scores = self.ops.csa2_index_score(q, w, src.index_k_BNJ, visible)
         if self.layer == cfg.candidate_source_layer_id:
-            shared.candidates_BSN = ops.candidate_pool(
-                scores, src.group_BN, pos_BS, self.ratio, cfg.candidate_block_size,
-                cfg.candidate_topk_blocks, topk=self.ops.stable_topk)
+            self._publish_pool(scores, src.group_BN, pos_BS, visible, shared)
         idx = ops.select_topk(scores, cfg.index_topk, topk=self.ops.stable_topk)
         shared.topk[self.layer] = idx
         return idx
+
+    def _publish_pool(self, scores_BSN, group_BN, pos_BS, visible_BSN, shared: StepShared) -> None:
+        """The candidate source's pool for later Reindex layers of its ratio: as a mask, or listed
+        (its visible entries; those layers see the same group ids, positions // ratio)."""
+        cfg = self.cfg
+        pool = ops.candidate_pool(scores_BSN, group_BN, pos_BS, self.ratio, cfg.candidate_block_size,
+                                  cfg.candidate_topk_blocks, topk=self.ops.stable_topk)
+        if self.ops.lists_pool:
+            size = min(group_BN.shape[1], cfg.candidate_topk_blocks * cfg.candidate_block_size)
+            shared.candidate_list_BSP = ops.pool_entry_list(pool & visible_BSN, size)
+        else:
+            shared.candidates_BSN = pool

@@ -81,6 +81,37 @@ def candidate_pool(scores_BSN: torch.Tensor, group_BN: torch.Tensor, pos_BS: tor
     return keep.gather(2, blk)
 
 
+def pool_entry_list(member_BSN: torch.Tensor, size: int) -> torch.Tensor:
+    """The candidate pool as a list: ids of the entries in `member` (the pool's visible entries),
+    ascending, -1 padded to `size` ([B, S, size] int32). Listed in index order, a stable top-k over
+    the list breaks ties as one over all N entries does (lower id first), so select_listed_topk
+    picks what select_topk picks from the masked scores.
+
+    `size` = topk_blocks x block bounds the members: visible entries have distinct groups (group
+    g sits at id g in the cache, a new row's group is past the cached ones), and only that many
+    groups are in the kept blocks. Members past `size` would be dropped.
+    """
+    b, s, n = member_BSN.shape
+    rank = member_BSN.cumsum(-1, dtype=torch.int32) - 1
+    slot = torch.where(member_BSN & (rank < size), rank, torch.full_like(rank, size))
+    ids = torch.arange(n, dtype=torch.int32, device=member_BSN.device).expand(b, s, n)
+    out = torch.full((b, s, size + 1), -1, dtype=torch.int32, device=member_BSN.device)
+    return out.scatter_(2, slot.long(), ids)[..., :size]
+
+
+def select_listed_topk(scores_BSP: torch.Tensor, entries_BSP: torch.Tensor, k: int, n: int,
+                       topk=stable_topk) -> torch.Tensor:
+    """select_topk over a listed pool (scores of the listed entries, -inf at padding), mapped back
+    to entry ids; min(k, n) columns as select_topk over n entries gives, -1 past the pool."""
+    vals, pos = topk(scores_BSP, k)
+    picked = entries_BSP.gather(2, pos).long()
+    idx = torch.where(torch.isneginf(vals), torch.full_like(picked, -1), picked)
+    width = min(k, n)
+    if idx.shape[-1] < width:
+        idx = torch.nn.functional.pad(idx, (0, width - idx.shape[-1]), value=-1)
+    return idx
+
+
 def window_mask(win_pos_BT: torch.Tensor, pos_BS: torch.Tensor, window: int,
                 start_B: torch.Tensor) -> torch.Tensor:
     """[B, S, T]: key at position p is in the window of query t iff max(start, t-W+1) <= p <= t."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from dsflash.plugins.csa2_index_score.decl import DECL as INDEX_SCORE
+from dsflash.plugins.csa2_index_score.reference import csa2_index_score_pooled as pooled_score_reference
 from dsflash.plugins.csa2_sparse_attention import splits
 from dsflash.plugins.csa2_sparse_attention.decl import COMBINE_DECL as ATTENTION_COMBINE
 from dsflash.plugins.csa2_sparse_attention.decl import DECL as SPARSE_ATTENTION
@@ -28,6 +29,7 @@ from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_ref
 DECLS: tuple[OpDecl, ...] = (ENGRAM_HASH_GATHER, INDEX_SCORE, SPARSE_ATTENTION, MHC_BOUNDARY,
                              SPARSE_ATTENTION_SPLIT, ATTENTION_COMBINE, MHC_PARTIALS, MHC_FINISH)
 BACKENDS = ("reference", "custom_op", "triton")
+POOL_FORMS = ("auto", "mask", "list")
 
 
 def decl_by_name(name: str) -> OpDecl:
@@ -43,6 +45,7 @@ def _triton_kernels() -> dict:
     per call, CUDA-graph safe): an mHC boundary is one launch, a split attention call two (the
     partials and their combine)."""
     from dsflash.plugins.csa2_index_score.kernel import csa2_index_score
+    from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
     from dsflash.plugins.csa2_sparse_attention.kernel import SparseAttentionLauncher
     from dsflash.plugins.engram_hash_gather.kernel import engram_hash_gather
     from dsflash.plugins.mhc_boundary.kernel import MhcBoundaryLauncher
@@ -50,7 +53,7 @@ def _triton_kernels() -> dict:
 
     return {"engram_hash_gather": engram_hash_gather, "csa2_index_score": csa2_index_score,
             "csa2_sparse_attention": SparseAttentionLauncher(), "mhc_boundary": MhcBoundaryLauncher(),
-            "stable_topk": StableTopkLauncher()}
+            "stable_topk": StableTopkLauncher(), "csa2_index_score_pooled": csa2_index_score_pooled}
 
 
 class OpSet:
@@ -59,14 +62,28 @@ class OpSet:
     how decoder_step graphs export it (a TensorRT plugin runs one kernel, and a decode step needs
     its keys split over the GPU). `split_mhc` likewise runs MhcBoundary as MhcBoundaryPartials +
     MhcBoundaryFinish (mhc_boundary/splits.py: a decode token's channels over the GPU). The Triton
-    backend splits inside its launchers either way."""
+    backend splits inside its launchers either way.
+
+    `pool_form`: how Reindex layers after the candidate source see its pool. "mask" (the graphs'
+    form): a [B, S, N] mask over the index scores of all N entries; "list": the pooled entries'
+    ids (model/csa2_ops.py:pool_entry_list), whose P scores alone are computed and ranked
+    (csa2_index_score_pooled), the same selection; "auto": the list on the Triton backend, where
+    it reads 1/8 of the keys at the released sizes, the mask elsewhere."""
 
     def __init__(self, backend: str = "reference", use_topk_kernel: bool = True,
-                 split_attention: bool = False, split_mhc: bool = False):
+                 split_attention: bool = False, split_mhc: bool = False, pool_form: str = "auto"):
         self.backend = backend
         self.use_topk_kernel = use_topk_kernel
         self.split_attention = split_attention
         self.split_mhc = split_mhc
+        if pool_form not in POOL_FORMS:
+            raise ValueError(f"unknown pool form {pool_form!r}; forms: {POOL_FORMS}")
+        self.pool_form = pool_form
+
+    @property
+    def lists_pool(self) -> bool:
+        """Whether Reindex layers score a listed pool (see `pool_form`)."""
+        return self.pool_form == "list" or (self.pool_form == "auto" and self._backend == "triton")
 
     @property
     def backend(self) -> str:
@@ -110,6 +127,15 @@ class OpSet:
 
     def csa2_index_score(self, q_BSIJ, w_BSI, k_BNJ, visible_BSN):
         return self._call(INDEX_SCORE, q_BSIJ, w_BSI, k_BNJ, visible_BSN)
+
+    def csa2_index_score_pooled(self, q_BSIJ, w_BSI, k_BNJ, entries_BSP):
+        """Not a plugin op (graphs keep the mask form): the Triton kernel on the Triton backend,
+        else the reference."""
+        if self._backend == "triton":
+            if torch.compiler.is_compiling():
+                return torch.ops.dsflash_triton.csa2_index_score_pooled(q_BSIJ, w_BSI, k_BNJ, entries_BSP)
+            return self._kernels["csa2_index_score_pooled"](q_BSIJ, w_BSI, k_BNJ, entries_BSP)
+        return pooled_score_reference(q_BSIJ, w_BSI, k_BNJ, entries_BSP)
 
     def csa2_sparse_attention(self, q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale):
         if self.split_attention and self._backend != "triton":

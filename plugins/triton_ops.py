@@ -19,6 +19,7 @@ from dsflash.plugins.torch_ops import fake_outputs, is_registered
 
 NAMESPACE = "dsflash_triton"
 STABLE_TOPK_SCHEMA = "(Tensor scores, int k) -> (Tensor, Tensor)"
+POOLED_SCORE_SCHEMA = "(Tensor q, Tensor w, Tensor k, Tensor entries) -> Tensor"
 
 
 def _register_decl(decl: OpDecl, launcher) -> None:
@@ -51,12 +52,26 @@ def _register_topk(launcher) -> None:
     torch.library.register_fake(qualname)(fake)
 
 
+def _register_pooled_score(launcher) -> None:
+    qualname = f"{NAMESPACE}::csa2_index_score_pooled"
+    torch.library.define(qualname, POOLED_SCORE_SCHEMA)
+
+    def fake(q, w, k, entries):
+        return q.new_empty(entries.shape, dtype=torch.float32)  # fp32 scores of the listed slots
+
+    torch.library.impl(qualname, "CompositeExplicitAutograd")(launcher)
+    torch.library.register_fake(qualname)(fake)
+
+
 def register_triton_ops(decls: tuple[OpDecl, ...], launchers: dict) -> None:
     """Register `dsflash_triton::<torch_name>` for every declaration with a launcher in
-    `launchers` (keyed by torch_name), and `dsflash_triton::stable_topk`; idempotent: the first
+    `launchers` (keyed by torch_name), `dsflash_triton::stable_topk` and
+    `dsflash_triton::csa2_index_score_pooled`; idempotent: the first
     registration's launchers serve the process."""
     for decl in decls:
         if decl.torch_name in launchers and not is_registered(NAMESPACE, decl.torch_name):
             _register_decl(decl, launchers[decl.torch_name])
     if not is_registered(NAMESPACE, "stable_topk"):
         _register_topk(launchers["stable_topk"])
+    if not is_registered(NAMESPACE, "csa2_index_score_pooled"):
+        _register_pooled_score(launchers["csa2_index_score_pooled"])

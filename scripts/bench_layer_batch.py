@@ -7,8 +7,10 @@ few MB; here the same launches carry B rows, so the bytes grow and the launch co
 Per batch and context, with the released sizes (64 heads x 512, index 32 x 128, top-k 512, window
 128, candidate pool 2048 blocks x 8):
 - Full layer (index every entry, top-k, attention) with bf16 index keys and with the release's FP4
-  index keys (68 B per entry, `csa2_index_score_fp4`); Reindex (index the pool only); Reuse
-  (attention over another layer's selection);
+  index keys (68 B per entry, `csa2_index_score_fp4`); Reindex over the pool as a mask (the index
+  kernel skips unpooled keys, the top-k ranks all entries) and as a list (OpSet("triton")'s form:
+  only the pooled entries are scored and ranked, csa2_index_score_pooled); Reuse (attention over
+  another layer's selection);
 - each kernel alone and its fraction of its own roofline (counted bytes at the measured copy
   bandwidth); the top-k's bytes are one read of its scores and its k outputs per row;
 - the dense roofline: every row's uncompressed KV (ctx x 512 bf16) read once, and the layers'
@@ -56,16 +58,19 @@ from bench_kernels import (
 )
 from tqdm import tqdm
 
+from dsflash.model.csa2_ops import pool_entry_list, select_listed_topk, select_topk
 from dsflash.model.quant import fp4_pow2_pack
 from dsflash.plugins.csa2_index_score import kernel as index_kernel
+from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
 from dsflash.plugins.stable_topk.kernel import StableTopkLauncher, digit_passes
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
 log = logging.getLogger("bench_layer_batch")
-LAYERS = ("full", "full_fp4", "reindex", "reuse")
+LAYERS = ("full", "full_fp4", "reindex", "reindex_listed", "reuse")
 # the speed-up over the dense roofline issue 5 asks of each layer
-TARGETS = {"full": 3.0, "full_fp4": 3.0, "reindex": 15.0, "reuse": 15.0}
+TARGETS = {"full": 3.0, "full_fp4": 3.0, "reindex": 15.0, "reindex_listed": 15.0, "reuse": 15.0}
+INDEX_KERNELS = ("index", "index_fp4", "index_reindex", "index_listed")
 
 
 def layer_bytes(batch: int, ctx: int, pooled: int) -> dict:
@@ -77,7 +82,12 @@ def layer_bytes(batch: int, ctx: int, pooled: int) -> dict:
         "index": index_bytes(batch, ctx, ctx),
         "index_fp4": index_bytes(batch, ctx, ctx, fp4=True),
         "index_reindex": index_bytes(batch, ctx, pooled),
+        # the listed pool: each id (4 B), its key and its score; the queries and head weights
+        "index_listed": batch * (pooled * (INDEX_DIM * 2 + 8) + INDEX_HEADS * (INDEX_DIM * 2 + 4)),
         "topk": batch * (4 * ctx + TOPK * 12),
+        "topk_listed": batch * (4 * pooled + TOPK * 12),
+        # the mask read, the ids written (once per step for every Reindex layer of the pool)
+        "pool_list": batch * (ctx + 4 * pooled),
         "attn": attn_bytes(batch),
         "dense": batch * ctx * HEAD_DIM * 2,
     }
@@ -94,6 +104,8 @@ def layer_inputs(batch: int, ctx: int, gen: torch.Generator) -> dict:
     pool = torch.zeros(batch, blocks, dtype=torch.bool, device="cuda")
     picks = torch.rand(batch, blocks, generator=gen, device="cuda").argsort(dim=1)[:, :CAND_BLOCKS]
     pool.scatter_(1, picks, True)
+    pool_mask = pool.repeat_interleave(CAND_BLOCK, dim=1).view(batch, 1, ctx)
+    pooled = min(CAND_BLOCKS, blocks) * CAND_BLOCK
     return {
         "q": randn(batch, 1, HEADS, HEAD_DIM), "kv": randn(batch, ctx, HEAD_DIM),
         "win": randn(batch, WINDOW, HEAD_DIM),
@@ -101,9 +113,9 @@ def layer_inputs(batch: int, ctx: int, gen: torch.Generator) -> dict:
         "sink": randn(HEADS, dtype=torch.float32), "iq": randn(batch, 1, INDEX_HEADS, INDEX_DIM),
         "iw": randn(batch, 1, INDEX_HEADS, dtype=torch.float32), "ik": ik, "codes": codes, "exps": exps,
         "all": torch.ones(batch, 1, ctx, dtype=torch.bool, device="cuda"),
-        "pool": pool.repeat_interleave(CAND_BLOCK, dim=1).view(batch, 1, ctx),
+        "pool": pool_mask, "list": pool_entry_list(pool_mask, pooled),
         "idx": torch.randint(0, ctx, (batch, 1, TOPK), generator=gen, device="cuda"),
-        "pooled": min(CAND_BLOCKS, blocks) * CAND_BLOCK,
+        "pooled": pooled,
     }
 
 
@@ -113,13 +125,20 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
     scale = HEAD_DIM ** -0.5
 
     def index(kind):
+        if kind == "reindex_listed":
+            return csa2_index_score_pooled(x["iq"], x["iw"], x["ik"], x["list"])
         if kind == "full_fp4":
             return index_kernel.csa2_index_score_fp4(x["iq"], x["iw"], x["codes"], x["exps"], x["all"])
         visible = x["pool" if kind == "reindex" else "all"]
         return index_kernel.csa2_index_score(x["iq"], x["iw"], x["ik"], visible)
 
+    def select(kind):
+        if kind == "reindex_listed":
+            return select_listed_topk(index(kind), x["list"], TOPK, ctx, topk=topk)
+        return topk(index(kind), TOPK)[1]
+
     def layer(kind):
-        sel = x["idx"] if kind == "reuse" else topk(index(kind), TOPK)[1]
+        sel = x["idx"] if kind == "reuse" else select(kind)
         return attn(x["q"], x["kv"], sel, x["win"], x["wmask"], x["sink"], scale)
 
     nbytes = layer_bytes(batch, ctx, x["pooled"])
@@ -132,10 +151,19 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
     out["topk_exact"] = torch.equal(topk(scores, TOPK)[1], stable_topk_reference(scores, TOPK)[1])
     if not out["topk_exact"]:
         log.warning("top-k kernel differs from the stable sort (batch %d, %d entries)", batch, ctx)
+    # both Reindex forms rank the same pooled entries: the same picks, unless the two kernels'
+    # scores differ in a last bit at the k-th place
+    want = select_topk(index("reindex"), TOPK, topk=topk)
+    out["listed_same_selection"] = torch.equal(select("reindex_listed"), want)
+    if not out["listed_same_selection"]:
+        log.warning("the listed Reindex picks differ from the mask form's (batch %d, %d entries)", batch, ctx)
     k = out["kernel_us"]
-    for kind, name in (("full", "index"), ("full_fp4", "index_fp4"), ("reindex", "index_reindex")):
+    for kind, name in zip(("full", "full_fp4", "reindex", "reindex_listed"), INDEX_KERNELS):
         k[name] = 1e3 * time_ms(lambda kind=kind: index(kind), graph=True)
     k["topk"] = 1e3 * time_ms(lambda: topk(scores, TOPK), graph=True)
+    listed = index("reindex_listed")
+    k["topk_listed"] = 1e3 * time_ms(lambda: topk(listed, TOPK), graph=True)
+    k["pool_list"] = 1e3 * time_ms(lambda: pool_entry_list(x["pool"], x["pooled"]), graph=True)
     k["attn"] = 1e3 * time_ms(lambda: attn(x["q"], x["kv"], x["idx"], x["win"], x["wmask"], x["sink"], scale),
                               graph=True)
     dense_us = nbytes["dense"] / bw / 1e3
@@ -232,17 +260,18 @@ def parse_fp4_configs(text: str) -> list[dict]:
 def report(res: dict) -> str:
     head = (f"{res['gpu']}  torch {res['torch']}  triton {res['triton']}  {res['date']}  "
             f"copy {res['bw_GBps']:.0f} GB/s")
-    columns = ("| batch | context | dense roofline | Full (bf16 keys) | Full (FP4 keys) | Reindex | Reuse | "
-               "index / FP4 / pool | top-k | attention |")
-    lines = [head, columns, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    columns = ("| batch | context | dense roofline | Full (bf16 keys) | Full (FP4 keys) | Reindex (mask) | "
+               "Reindex (list) | Reuse | index / FP4 / pool mask / pool list | top-k / list | attention |")
+    lines = [head, columns, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for case in res["cases"]:
         lay, x, f, ku = case["layer_us"], case["x_dense"], case["roofline_fraction"], case["kernel_us"]
         cells = [f"{lay[kind]:.1f} us ({x[kind]:.1f}x{'' if x[kind] >= TARGETS[kind] else ' <'})"
                  for kind in LAYERS]
-        kern = [f"{ku[n]:.1f} us ({100 * f[n]:.0f}%)" for n in ("index", "index_fp4", "index_reindex")]
+        kern = [f"{ku[n]:.1f} us ({100 * f[n]:.0f}%)" for n in INDEX_KERNELS]
+        topks = [f"{ku[n]:.1f} us ({100 * f[n]:.0f}%)" for n in ("topk", "topk_listed")]
         lines.append(f"| {case['batch']} | {case['context']} | {case['dense_roofline_us']:.1f} us | "
-                     + " | ".join(cells) + f" | {' / '.join(kern)} | {ku['topk']:.1f} us "
-                     f"({100 * f['topk']:.0f}%) | {ku['attn']:.1f} us ({100 * f['attn']:.0f}%) |")
+                     + " | ".join(cells) + f" | {' / '.join(kern)} | {' / '.join(topks)} | "
+                     f"{ku['attn']:.1f} us ({100 * f['attn']:.0f}%) |")
     lines.append("(x: the dense roofline over the layer's time; '<' marks a layer under issue 5's target; "
                  "%: counted bytes / copy bandwidth / time)")
     return "\n".join(lines)

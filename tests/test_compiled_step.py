@@ -56,6 +56,19 @@ def test_triton_topk_op_runs_the_launcher_and_its_fake_agrees(gen):
                           test_utils=("test_faketensor",))
 
 
+def test_triton_pooled_score_op_runs_the_launcher_and_its_fake_agrees(gen):
+    ops = OpSet("triton")
+    q, w = torch.randn(2, 1, 3, 16, generator=gen), torch.randn(2, 1, 3, generator=gen)
+    k = torch.randn(2, 50, 16, generator=gen)
+    entries = torch.randint(-1, 50, (2, 1, 21), generator=gen, dtype=torch.int32)
+    q, w, k, entries = _on_device((q, w, k, entries))
+    got = torch.ops.dsflash_triton.csa2_index_score_pooled(q, w, k, entries)
+    assert torch.equal(got, ops._kernels["csa2_index_score_pooled"](q, w, k, entries))
+    assert got.shape == (2, 1, 21) and got.dtype == torch.float32
+    torch.library.opcheck(torch.ops.dsflash_triton.csa2_index_score_pooled, (q, w, k, entries),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
 class GraphRecorder:
     """A torch.compile backend that keeps each traced graph and runs it as traced."""
 

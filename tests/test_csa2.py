@@ -120,3 +120,64 @@ def test_sparse_attention_sink_and_empty_selection():
     empty = csa2_sparse_attention(q, kv, torch.full((1, 1, 3), -1), win, ~mask & False,
                                  torch.zeros(2), 0.5)
     assert torch.equal(empty, torch.zeros_like(empty))
+
+
+def test_listed_pool_selects_what_the_mask_selects(tiny_model, gen):
+    """OpSet(pool_form="list") scores only the pooled entries and ranks the list: every layer's
+    selection and the logits are bit-identical to the mask form's, over a prefill of two sequences
+    and decode steps after it (pools crossing the short-context regime)."""
+    cfg = tiny_model.cfg
+    ids = random_ids(gen, 2, 37, cfg.vocab_size)
+    runs = {}
+    saved = tiny_model.ops.pool_form
+    try:
+        for form in ("mask", "list"):
+            tiny_model.ops.pool_form = form
+            trace = traced_forward(tiny_model, ids)
+            cache = ModelCache.allocate(cfg, 2, 48)
+            with torch.no_grad():
+                tiny_model.prefill(ids[:, :30], cache, mode="exact")
+                steps = [tiny_model.decoder_step(ids[:, t:t + 1], cache) for t in range(30, 37)]
+            runs[form] = (trace, steps)
+    finally:
+        tiny_model.ops.pool_form = saved
+    (mask_trace, mask_steps), (list_trace, list_steps) = runs["mask"], runs["list"]
+    assert list_trace.candidates_BSN is None and list_trace.candidate_list_BSP is not None
+    pooled = [layer for layer in range(cfg.num_hidden_layers) if cfg.uses_candidate_pool(layer)]
+    assert pooled, "the tiny config has no Reindex layer inside the pool"
+    for layer, used in mask_trace.used_topk.items():
+        if used is not None:
+            assert torch.equal(list_trace.used_topk[layer], used), layer
+    for a, b in zip(mask_steps, list_steps):
+        assert torch.equal(a, b)
+
+
+def test_pool_entry_list_is_the_mask_in_index_order():
+    member = torch.tensor([[[False, True, True, False, True, False, False, True]],
+                           [[False] * 8]])
+    got = ops.pool_entry_list(member, 5)
+    assert got.dtype == torch.int32
+    assert got.tolist() == [[[1, 2, 4, 7, -1]], [[-1] * 5]]
+
+
+def test_listed_topk_breaks_ties_as_the_masked_topk():
+    """Equal scores rank by entry id in both forms; fewer pooled entries than k pad with -1, to the
+    mask form's min(k, N) columns even when the list is shorter than k."""
+    gen = torch.Generator().manual_seed(5)
+    n = 40
+    scores = torch.randint(0, 4, (2, 3, n), generator=gen).float()  # many ties
+    member = torch.rand(2, 3, n, generator=gen) > 0.5
+    member[1, 2] = False
+    member[1, 2, [3, 17]] = True  # two pooled entries, under k
+    masked = scores.masked_fill(~member, float("-inf"))
+    entries = ops.pool_entry_list(member, int(member.sum(-1).max()))
+    listed = masked.gather(2, entries.long().clamp_min(0)).masked_fill(entries < 0, float("-inf"))
+    for k in (5, 30):
+        want = ops.select_topk(masked, k)
+        got = ops.select_listed_topk(listed, entries, k, n)
+        assert torch.equal(got, want), k
+    short = ops.pool_entry_list(member, 32)[..., :3]  # P = 3 < k = 6 <= N: padded to 6 columns
+    member_short = torch.zeros_like(member).scatter(2, short.long().clamp_min(0), short >= 0)
+    masked = scores.masked_fill(~member_short, float("-inf"))
+    listed = masked.gather(2, short.long().clamp_min(0)).masked_fill(short < 0, float("-inf"))
+    assert torch.equal(ops.select_listed_topk(listed, short, 6, n), ops.select_topk(masked, 6))

@@ -82,6 +82,34 @@ def test_index_score_kernel(gen, dtype, b, s, i, j, n):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b,s,i,j,n,p,over", [
+    (2, 3, 3, 20, 150, 70, {}),
+    (1, 2, 40, 16, 100, 37, {"BLOCK_I": 16}),  # 3 head groups
+    (2, 1, 5, 33, 90, 100, {"BLOCKS": 3, "STAGES": 2, "BLOCK_N": 16})])  # pipelined, past P
+def test_index_score_pooled_kernel(gen, dtype, b, s, i, j, n, p, over):
+    """Scores of a listed pool: ascending runs of ids, -1 padding, ids past N (-inf, keys unread),
+    a row listing nothing."""
+    from dsflash.plugins.csa2_index_score import pooled as pooled_kernel
+
+    q = torch.randn(b, s, i, j, generator=gen).to(dtype)
+    w = torch.randn(b, s, i, generator=gen)
+    k = torch.randn(b, n, j, generator=gen).to(dtype)
+    entries = torch.randint(0, n, (b, s, p), generator=gen).sort(dim=-1).values.int()
+    entries[0, -1, p // 2:] = -1
+    entries[-1, 0, :3] = torch.tensor([n, n + 7, -5])
+    entries[0, 0] = -1
+    args = (q, w, k, entries)
+    got = pooled_kernel.csa2_index_score_pooled(*_dev(*args), overrides=over)
+    assert_kernel_matches(got, index_ref.csa2_index_score_pooled, args, {}, dtype, "Csa2IndexScore(pooled)")
+    got64 = pooled_kernel.csa2_index_score_pooled(*_dev(q, w, k, entries.long()), overrides=over)
+    assert torch.equal(got64, got)
+    with pytest.raises(ValueError, match="entries has dtype torch.int16"):
+        pooled_kernel.csa2_index_score_pooled(*_dev(q, w, k, entries.short()))
+    with pytest.raises(ValueError, match="entries has shape"):
+        pooled_kernel.csa2_index_score_pooled(*_dev(q, w, k, entries[:, :, None]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("b,s,i,j,n,over", [
     (2, 3, 3, 20, 150, {"BLOCKS": 3, "STAGES": 2, "BLOCK_N": 16}),  # the last program's blocks run past N
     (1, 2, 40, 16, 100, {"BLOCKS": 2, "STAGES": 3, "BLOCK_N": 16, "BLOCK_I": 16})])  # 3 head groups
@@ -411,10 +439,10 @@ def test_mhc_boundary_kernel_rejects_bad_input(gen):
         mhc_kernel.mhc_boundary(*_dev(*args), 20, 1e-6, 1e-6)
 
 
-@pytest.mark.parametrize("topk_kernel", [False, True])
-def test_tiny_model_runs_on_the_kernels(tiny_cfg, gen, topk_kernel):
-    """The whole reference model with OpSet('triton') (and the top-k kernel): same logits as the
-    reference ops."""
+@pytest.mark.parametrize("topk_kernel,pool_form", [(False, "mask"), (True, "mask"), (True, "list")])
+def test_tiny_model_runs_on_the_kernels(tiny_cfg, gen, topk_kernel, pool_form):
+    """The whole reference model with OpSet('triton') (and the top-k kernel; Reindex layers over
+    the mask or the listed pool): same logits as the reference ops."""
     from dsflash.model.model import DSFlashModel
 
     from conftest import random_ids
@@ -426,6 +454,7 @@ def test_tiny_model_runs_on_the_kernels(tiny_cfg, gen, topk_kernel):
         expected = model(ids)
         model.ops.backend = "triton"
         model.ops.use_topk_kernel = topk_kernel
+        model.ops.pool_form = pool_form
         got = model(ids)
     assert_close(got.cpu(), expected.cpu(), MODEL, "tiny logits, triton vs reference ops")
 

@@ -62,6 +62,39 @@ def test_index_score_flash_sizes(gen, s, n):
     assert_kernel_matches(got, index_ref.csa2_index_score, (q, w, k, visible), {}, BF16, "index score")
 
 
+@pytest.mark.parametrize("rows", [1, 40])
+def test_listed_pool_scores_and_picks_flash_sizes(gen, rows):
+    """A Reindex layer's pool listed (OpSet("triton")'s form: 512 blocks of 8 entries of 16,411,
+    the newest partial block included): the pooled kernel meets the reference, its scores are the
+    mask-form kernel's bits at every listed entry (one row: 64-entry blocks; 40 rows: the pipelined
+    launch), and the top-k over the list picks what the top-k over all entries picks."""
+    from dsflash.model import csa2_ops
+    from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
+    from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
+
+    n, block, kept = 16411, 8, 512
+    q = torch.randn(rows, 1, 32, 128, generator=gen).to(BF16)
+    w = torch.randn(rows, 1, 32, generator=gen)
+    k = torch.randn(rows, n, 128, generator=gen).to(BF16)
+    blocks = -(-n // block)
+    picks = torch.rand(rows, blocks, generator=gen).argsort(dim=1)[:, :kept]
+    picks[:, 0] = blocks - 1
+    pool = torch.zeros(rows, blocks, dtype=torch.bool).scatter(1, picks, True)
+    member = pool.repeat_interleave(block, dim=1)[:, :n].view(rows, 1, n)
+    entries = csa2_ops.pool_entry_list(member, kept * block)
+    poison_allocator()
+    got = csa2_index_score_pooled(*cuda(q, w, k, entries))
+    assert_kernel_matches(got, index_ref.csa2_index_score_pooled, (q, w, k, entries), {}, BF16,
+                          "pooled index score")
+    masked = index_kernel.csa2_index_score(*cuda(q, w, k, member))
+    listed = entries.cuda() >= 0
+    at_list = masked.gather(2, entries.cuda().long().clamp_min(0))
+    assert torch.equal(got[listed], at_list[listed])
+    topk = StableTopkLauncher()
+    want = csa2_ops.select_topk(masked, 512, topk=topk)
+    assert torch.equal(csa2_ops.select_listed_topk(got, entries.cuda(), 512, n, topk=topk), want)
+
+
 FP4_LAUNCHES = {"decode": {"PATH": "decode"}, "mma": {"PATH": "mma"},
                 "mma_pipelined": {"PATH": "mma", "BLOCK_N": 128, "BLOCKS": 16, "STAGES": 3, "num_warps": 8},
                 "mma_exponent_bytes": {"PATH": "mma", "EXP_WORDS": False, "STAGES": 2}}

@@ -127,6 +127,18 @@ def _row_queries(q_ptr, w_ptr, S, I: tl.constexpr, J: tl.constexpr, BLOCK_I: tl.
 
 
 @triton.jit
+def _row_key_scores(keys, q_ptr, w_ptr, b, s, S, q, w, I: tl.constexpr, J: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr):
+    """Scores of a key tile for row (b, s): with the row's one head group already loaded
+    (_row_queries: q, w), or loading its head groups one at a time."""
+    if I <= BLOCK_I:
+        acc = _group_scores(keys, q, w, IEEE)
+    else:
+        acc = _block_scores(keys, q_ptr, w_ptr, b, s, S, I, J, BLOCK_N, BLOCK_I, BLOCK_J, IEEE)
+    return acc
+
+
+@triton.jit
 def _stored_block_scores(q_ptr, w_ptr, k_ptr, vis_ptr, out_ptr, b, s, S, N, q, w, n, I: tl.constexpr,
                          J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr,
                          IEEE: tl.constexpr):
@@ -138,10 +150,7 @@ def _stored_block_scores(q_ptr, w_ptr, k_ptr, vis_ptr, out_ptr, b, s, S, N, q, w
     vis = tl.load(vis_ptr + (b * S + s) * N + n, mask=nmask, other=0) != 0
     keys = tl.load(k_ptr + (b * N + n[:, None]) * J + jj[None, :],
                    mask=(nmask & vis)[:, None] & (jj < J)[None, :], other=0.0)
-    if I <= BLOCK_I:
-        acc = _group_scores(keys, q, w, IEEE)
-    else:
-        acc = _block_scores(keys, q_ptr, w_ptr, b, s, S, I, J, BLOCK_N, BLOCK_I, BLOCK_J, IEEE)
+    acc = _row_key_scores(keys, q_ptr, w_ptr, b, s, S, q, w, I, J, BLOCK_N, BLOCK_I, BLOCK_J, IEEE)
     tl.store(out_ptr + (b * S + s) * N + n, tl.where(vis, acc, float("-inf")), mask=nmask)
 
 
@@ -208,14 +217,16 @@ def csa2_index_score_fp4_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, vis_ptr, S, N
     tl.store(out_ptr + (b * S + s) * N + n, tl.where(vis, acc, float("-inf")), mask=nmask)
 
 
-def _check(op, q_BSIJ, w_BSI, n, visible_BSN):
+def _check(op, q_BSIJ, w_BSI, n, visible_BSN=None):
+    """The queries, weights and (mask form) the visibility [B, S, n]."""
     check_shape(op, "q", q_BSIJ, (None, None, None, None))
     b, s, i, j = q_BSIJ.shape
     check_shape(op, "w", w_BSI, (b, s, i))
-    check_shape(op, "visible", visible_BSN, (b, s, n))
     for name, t in (("q", q_BSIJ), ("w", w_BSI)):
         check_dtype(op, name, t, FLOATS)
-    check_dtype(op, "visible", visible_BSN, (torch.bool,))
+    if visible_BSN is not None:
+        check_shape(op, "visible", visible_BSN, (b, s, n))
+        check_dtype(op, "visible", visible_BSN, (torch.bool,))
     require(j <= 256, f"{op}: index_head_dim {j} > 256, the largest the kernel keeps in registers")
 
 

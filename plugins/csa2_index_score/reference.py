@@ -36,5 +36,23 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     return csa2_index_score(q_BSIJ, w_BSI, unpack_keys_fp4(codes_BNH, exps_BNG, q_BSIJ.dtype), visible_BSN)
 
 
+def csa2_index_score_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: torch.Tensor,
+                            entries_BSP: torch.Tensor) -> torch.Tensor:
+    """Scores of listed entries: out[b, s, p] = I[b, s, entries[b, s, p]], the scores above with
+    every entry visible; -inf where the id is outside [0, N) (-1 pads a list). A Reindex layer
+    lists its candidate pool (model/csa2_ops.py:pool_entry_list) and scores only those entries
+    (kernel.py:csa2_index_score_pooled reads only their keys). Defined through the full scores,
+    so it gives the mask form's bits at every listed entry."""
+    b, s, _ = entries_BSP.shape
+    n = k_BNJ.shape[1]
+    listed = (entries_BSP >= 0) & (entries_BSP < n)
+    if n == 0:
+        return torch.full(entries_BSP.shape, float("-inf"), dtype=torch.float32, device=k_BNJ.device)
+    everything = torch.ones(b, s, n, dtype=torch.bool, device=k_BNJ.device)
+    scores = csa2_index_score(q_BSIJ, w_BSI, k_BNJ, everything)
+    picked = scores.gather(2, entries_BSP.long().clamp(0, n - 1))
+    return picked.masked_fill(~listed, float("-inf"))
+
+
 def shape(q_shape, w_shape, k_shape, visible_shape):
     return [(q_shape[0], q_shape[1], k_shape[1])]
