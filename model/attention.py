@@ -189,7 +189,7 @@ class CSA2Attention(nn.Module):
             pool = shared.candidate_list_BSP
             scores = self.ops.csa2_index_score_pooled(q, w, src.index_k_BNJ, pool)
             idx = ops.select_listed_topk(scores, pool, cfg.index_topk, src.group_BN.shape[1],
-                                         topk=self.ops.stable_topk)
+                                         topk=self.ops.stable_topk, picks=self.ops.listed_picks)
             shared.topk[self.layer] = idx
             return idx
         visible = ops.visible_entries(src.group_BN, pos_BS, self.ratio)
@@ -210,6 +210,6 @@ class CSA2Attention(nn.Module):
                                   cfg.candidate_topk_blocks, topk=self.ops.stable_topk)
         if self.ops.lists_pool:
             size = min(group_BN.shape[1], cfg.candidate_topk_blocks * cfg.candidate_block_size)
-            shared.candidate_list_BSP = ops.pool_entry_list(pool & visible_BSN, size)
+            shared.candidate_list_BSP = self.ops.pool_entry_list(pool & visible_BSN, size)
         else:
             shared.candidates_BSN = pool

@@ -100,13 +100,23 @@ def pool_entry_list(member_BSN: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def select_listed_topk(scores_BSP: torch.Tensor, entries_BSP: torch.Tensor, k: int, n: int,
-                       topk=stable_topk) -> torch.Tensor:
+                       topk=stable_topk, picks=None) -> torch.Tensor:
     """select_topk over a listed pool (scores of the listed entries, -inf at padding), mapped back
-    to entry ids; min(k, n) columns as select_topk over n entries gives, -1 past the pool."""
+    to entry ids; min(k, n) columns as select_topk over n entries gives, -1 past the pool.
+    `topk` / `picks`: the top-k and listed_picks in use (the references, or an OpSet's kernels)."""
     vals, pos = topk(scores_BSP, k)
-    picked = entries_BSP.gather(2, pos).long()
-    idx = torch.where(torch.isneginf(vals), torch.full_like(picked, -1), picked)
-    width = min(k, n)
+    return (picks or listed_picks)(vals, pos, entries_BSP, min(k, n))
+
+
+def listed_picks(vals_BSK: torch.Tensor, pos_BSK: torch.Tensor, entries_BSP: torch.Tensor,
+                 width: int) -> torch.Tensor:
+    """A top-k over a listed pool (values, list positions) as entry ids [B, S, width] int64: -1
+    where the value is -inf (padding picked), where a position is outside the list, and in the
+    columns past the top-k's."""
+    p = entries_BSP.shape[-1]
+    inside = (pos_BSK >= 0) & (pos_BSK < p)
+    picked = entries_BSP.gather(2, pos_BSK.clamp(0, max(p - 1, 0))).long()
+    idx = torch.where(torch.isneginf(vals_BSK) | ~inside, torch.full_like(picked, -1), picked)
     if idx.shape[-1] < width:
         idx = torch.nn.functional.pad(idx, (0, width - idx.shape[-1]), value=-1)
     return idx

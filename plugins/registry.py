@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from dsflash.model import csa2_ops
 from dsflash.plugins.csa2_index_score.decl import DECL as INDEX_SCORE
 from dsflash.plugins.csa2_index_score.reference import csa2_index_score_pooled as pooled_score_reference
 from dsflash.plugins.csa2_sparse_attention import splits
@@ -45,6 +46,7 @@ def _triton_kernels() -> dict:
     per call, CUDA-graph safe): an mHC boundary is one launch, a split attention call two (the
     partials and their combine)."""
     from dsflash.plugins.csa2_index_score.kernel import csa2_index_score
+    from dsflash.plugins.csa2_index_score.pool_list import listed_picks, pool_entry_list
     from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
     from dsflash.plugins.csa2_sparse_attention.kernel import SparseAttentionLauncher
     from dsflash.plugins.engram_hash_gather.kernel import engram_hash_gather
@@ -53,7 +55,8 @@ def _triton_kernels() -> dict:
 
     return {"engram_hash_gather": engram_hash_gather, "csa2_index_score": csa2_index_score,
             "csa2_sparse_attention": SparseAttentionLauncher(), "mhc_boundary": MhcBoundaryLauncher(),
-            "stable_topk": StableTopkLauncher(), "csa2_index_score_pooled": csa2_index_score_pooled}
+            "stable_topk": StableTopkLauncher(), "csa2_index_score_pooled": csa2_index_score_pooled,
+            "pool_entry_list": pool_entry_list, "listed_picks": listed_picks}
 
 
 class OpSet:
@@ -136,6 +139,19 @@ class OpSet:
                 return torch.ops.dsflash_triton.csa2_index_score_pooled(q_BSIJ, w_BSI, k_BNJ, entries_BSP)
             return self._kernels["csa2_index_score_pooled"](q_BSIJ, w_BSI, k_BNJ, entries_BSP)
         return pooled_score_reference(q_BSIJ, w_BSI, k_BNJ, entries_BSP)
+
+    def pool_entry_list(self, member_BSN, size: int):
+        """The candidate pool listed (model/csa2_ops.py): one Triton launch on the Triton backend
+        (eager; a traced graph keeps the PyTorch ops, which inductor fuses), else the reference."""
+        if self._backend == "triton" and not torch.compiler.is_compiling():
+            return self._kernels["pool_entry_list"](member_BSN, size)
+        return csa2_ops.pool_entry_list(member_BSN, size)
+
+    def listed_picks(self, vals_BSK, pos_BSK, entries_BSP, width: int):
+        """A top-k over the listed pool as entry ids (model/csa2_ops.py), as pool_entry_list."""
+        if self._backend == "triton" and not torch.compiler.is_compiling():
+            return self._kernels["listed_picks"](vals_BSK, pos_BSK, entries_BSP, width)
+        return csa2_ops.listed_picks(vals_BSK, pos_BSK, entries_BSP, width)
 
     def csa2_sparse_attention(self, q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale):
         if self.split_attention and self._backend != "triton":

@@ -9,8 +9,9 @@ Per batch and context, with the released sizes (64 heads x 512, index 32 x 128, 
 - Full layer (index every entry, top-k, attention) with bf16 index keys and with the release's FP4
   index keys (68 B per entry, `csa2_index_score_fp4`); Reindex over the pool as a mask (the index
   kernel skips unpooled keys, the top-k ranks all entries) and as a list (OpSet("triton")'s form:
-  only the pooled entries are scored and ranked, csa2_index_score_pooled); Reuse (attention over
-  another layer's selection);
+  only the pooled entries are scored and ranked, csa2_index_score_pooled; listing the pool is once
+  per step for all its Reindex layers, timed apart); Reuse (attention over another layer's
+  selection);
 - each kernel alone and its fraction of its own roofline (counted bytes at the measured copy
   bandwidth); the top-k's bytes are one read of its scores and its k outputs per row;
 - the dense roofline: every row's uncompressed KV (ctx x 512 bf16) read once, and the layers'
@@ -58,9 +59,11 @@ from bench_kernels import (
 )
 from tqdm import tqdm
 
-from dsflash.model.csa2_ops import pool_entry_list, select_listed_topk, select_topk
+from dsflash.model import csa2_ops
+from dsflash.model.csa2_ops import select_listed_topk, select_topk
 from dsflash.model.quant import fp4_pow2_pack
 from dsflash.plugins.csa2_index_score import kernel as index_kernel
+from dsflash.plugins.csa2_index_score.pool_list import listed_picks, pool_entry_list
 from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
 from dsflash.plugins.stable_topk.kernel import StableTopkLauncher, digit_passes
@@ -88,6 +91,7 @@ def layer_bytes(batch: int, ctx: int, pooled: int) -> dict:
         "topk_listed": batch * (4 * pooled + TOPK * 12),
         # the mask read, the ids written (once per step for every Reindex layer of the pool)
         "pool_list": batch * (ctx + 4 * pooled),
+        "pool_list_torch": batch * (ctx + 4 * pooled),
         "attn": attn_bytes(batch),
         "dense": batch * ctx * HEAD_DIM * 2,
     }
@@ -113,7 +117,7 @@ def layer_inputs(batch: int, ctx: int, gen: torch.Generator) -> dict:
         "sink": randn(HEADS, dtype=torch.float32), "iq": randn(batch, 1, INDEX_HEADS, INDEX_DIM),
         "iw": randn(batch, 1, INDEX_HEADS, dtype=torch.float32), "ik": ik, "codes": codes, "exps": exps,
         "all": torch.ones(batch, 1, ctx, dtype=torch.bool, device="cuda"),
-        "pool": pool_mask, "list": pool_entry_list(pool_mask, pooled),
+        "pool": pool_mask, "list": csa2_ops.pool_entry_list(pool_mask, pooled),
         "idx": torch.randint(0, ctx, (batch, 1, TOPK), generator=gen, device="cuda"),
         "pooled": pooled,
     }
@@ -134,7 +138,7 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
 
     def select(kind):
         if kind == "reindex_listed":
-            return select_listed_topk(index(kind), x["list"], TOPK, ctx, topk=topk)
+            return select_listed_topk(index(kind), x["list"], TOPK, ctx, topk=topk, picks=listed_picks)
         return topk(index(kind), TOPK)[1]
 
     def layer(kind):
@@ -163,7 +167,11 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
     k["topk"] = 1e3 * time_ms(lambda: topk(scores, TOPK), graph=True)
     listed = index("reindex_listed")
     k["topk_listed"] = 1e3 * time_ms(lambda: topk(listed, TOPK), graph=True)
+    # listing the pool: once per step for all the Reindex layers of a pool; the kernel, and the
+    # PyTorch ops it replaced (cumsum, where, scatter)
+    out["pool_list_exact"] = torch.equal(pool_entry_list(x["pool"], x["pooled"]), x["list"])
     k["pool_list"] = 1e3 * time_ms(lambda: pool_entry_list(x["pool"], x["pooled"]), graph=True)
+    k["pool_list_torch"] = 1e3 * time_ms(lambda: csa2_ops.pool_entry_list(x["pool"], x["pooled"]), graph=True)
     k["attn"] = 1e3 * time_ms(lambda: attn(x["q"], x["kv"], x["idx"], x["win"], x["wmask"], x["sink"], scale),
                               graph=True)
     dense_us = nbytes["dense"] / bw / 1e3
@@ -189,12 +197,13 @@ def topk_settings(chunks: list[int], digits: list[tuple]) -> dict:
 
 def topk_sweep(batch: int, ctx: int, gen: torch.Generator, settings: dict) -> dict:
     """The top-k's launch settings at a batch (topk_settings), on the index kernel's scores of a
-    Full and of a Reindex layer: at B rows a digit pass launches B x ctx / CHUNK programs, each
+    Full and of a Reindex layer (mask form: all entries; list form: the pool's): at B rows a digit pass launches B x ctx / CHUNK programs, each
     building a 2^bits-bin histogram. Every setting is checked bit for bit against the stable sort
     first (NaN: it differed)."""
     x = layer_inputs(batch, ctx, gen)
     scores = {kind: index_kernel.csa2_index_score(x["iq"], x["iw"], x["ik"], x[vis])
               for kind, vis in (("full", "all"), ("reindex", "pool"))}
+    scores["listed"] = csa2_index_score_pooled(x["iq"], x["iw"], x["ik"], x["list"])
     del x
     out = {}
     for kind, s in scores.items():
@@ -261,8 +270,9 @@ def report(res: dict) -> str:
     head = (f"{res['gpu']}  torch {res['torch']}  triton {res['triton']}  {res['date']}  "
             f"copy {res['bw_GBps']:.0f} GB/s")
     columns = ("| batch | context | dense roofline | Full (bf16 keys) | Full (FP4 keys) | Reindex (mask) | "
-               "Reindex (list) | Reuse | index / FP4 / pool mask / pool list | top-k / list | attention |")
-    lines = [head, columns, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+               "Reindex (list) | Reuse | index / FP4 / pool mask / pool list | top-k / list | attention | "
+               "listing the pool (per step) |")
+    lines = [head, columns, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for case in res["cases"]:
         lay, x, f, ku = case["layer_us"], case["x_dense"], case["roofline_fraction"], case["kernel_us"]
         cells = [f"{lay[kind]:.1f} us ({x[kind]:.1f}x{'' if x[kind] >= TARGETS[kind] else ' <'})"
@@ -271,7 +281,8 @@ def report(res: dict) -> str:
         topks = [f"{ku[n]:.1f} us ({100 * f[n]:.0f}%)" for n in ("topk", "topk_listed")]
         lines.append(f"| {case['batch']} | {case['context']} | {case['dense_roofline_us']:.1f} us | "
                      + " | ".join(cells) + f" | {' / '.join(kern)} | {' / '.join(topks)} | "
-                     f"{ku['attn']:.1f} us ({100 * f['attn']:.0f}%) |")
+                     f"{ku['attn']:.1f} us ({100 * f['attn']:.0f}%) | {ku['pool_list']:.1f} us "
+                     f"(PyTorch {ku['pool_list_torch']:.1f}) |")
     lines.append("(x: the dense roofline over the layer's time; '<' marks a layer under issue 5's target; "
                  "%: counted bytes / copy bandwidth / time)")
     return "\n".join(lines)

@@ -109,6 +109,41 @@ def test_index_score_pooled_kernel(gen, dtype, b, s, i, j, n, p, over):
         pooled_kernel.csa2_index_score_pooled(*_dev(q, w, k, entries[:, :, None]))
 
 
+@pytest.mark.parametrize("n,size,chunk", [(300, 200, 64), (300, 40, 128), (5, 9, 16), (1000, 1000, 256)])
+def test_pool_entry_list_kernel_is_exact(gen, n, size, chunk):
+    """The listing kernel against model/csa2_ops.py:pool_entry_list bit for bit: rows crossing
+    chunks, a list shorter than the members (the rest dropped), one longer than the row, an empty
+    row and a full one."""
+    from dsflash.model import csa2_ops
+    from dsflash.plugins.csa2_index_score import pool_list
+
+    member = torch.rand(2, 3, n, generator=gen) > 0.6
+    member[0, 0] = False
+    member[1, 2] = True
+    got = pool_list.pool_entry_list(*_dev(member), size, overrides={"CHUNK": chunk})
+    assert torch.equal(got.cpu(), csa2_ops.pool_entry_list(member, size))
+
+
+def test_listed_picks_kernel_is_exact(gen):
+    """Mapping a top-k over the list back to entry ids: -inf picks, positions outside the list
+    (unread, -1) and columns past the top-k's are -1, as in the reference."""
+    from dsflash.model import csa2_ops
+    from dsflash.plugins.csa2_index_score import pool_list
+
+    entries = torch.randint(-1, 5000, (2, 3, 70), generator=gen, dtype=torch.int32)
+    vals = torch.randn(2, 3, 37, generator=gen)
+    vals[0, 1, 30:] = float("-inf")
+    pos = torch.randint(0, 70, (2, 3, 37), generator=gen)
+    pos[1, 0, :2] = torch.tensor([-3, 70])
+    for width in (37, 50):
+        got = pool_list.listed_picks(*_dev(vals, pos, entries), width)
+        assert torch.equal(got.cpu(), csa2_ops.listed_picks(vals, pos, entries, width))
+    with pytest.raises(ValueError, match="width 36 < the top-k's 37"):
+        pool_list.listed_picks(*_dev(vals, pos, entries), 36)
+    with pytest.raises(ValueError, match="member has dtype torch.uint8"):
+        pool_list.pool_entry_list(*_dev((entries > 0).to(torch.uint8)), 8)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("b,s,i,j,n,over", [
     (2, 3, 3, 20, 150, {"BLOCKS": 3, "STAGES": 2, "BLOCK_N": 16}),  # the last program's blocks run past N
