@@ -117,7 +117,12 @@ def test_compiled_decode_step_is_one_graph_of_the_kernels(tiny_cfg):
     model.ops._kernels = {n: counting(n, f) for n, f in model.ops._kernels.items()}
     eager.run(feeds)
     assert set(counts) == {"engram_hash_gather", "csa2_index_score", "csa2_index_score_pooled",
-                           "csa2_sparse_attention", "mhc_boundary", "stable_topk"}
+                           "csa2_sparse_attention", "mhc_boundary", "stable_topk", "pool_entry_list",
+                           "listed_picks"}
+    # listing the pool and mapping its picks back stay PyTorch ops in a traced graph (inductor
+    # fuses them); every other kernel call is one opaque op
+    for name in ("pool_entry_list", "listed_picks"):
+        counts.pop(name)
     for i in range(2):
         calls = recorder.kernel_calls(i)
         assert {n: calls.count(n) for n in set(calls)} == counts

@@ -109,18 +109,19 @@ def test_index_score_pooled_kernel(gen, dtype, b, s, i, j, n, p, over):
         pooled_kernel.csa2_index_score_pooled(*_dev(q, w, k, entries[:, :, None]))
 
 
-@pytest.mark.parametrize("n,size,chunk", [(300, 200, 64), (300, 40, 128), (5, 9, 16), (1000, 1000, 256)])
+@pytest.mark.parametrize("n,size,chunk", [(300, 200, 64), (300, 40, 128), (5, 9, 16), (1000, 1000, 256),
+                                          (70, 600, 16)])
 def test_pool_entry_list_kernel_is_exact(gen, n, size, chunk):
-    """The listing kernel against model/csa2_ops.py:pool_entry_list bit for bit: rows crossing
-    chunks, a list shorter than the members (the rest dropped), one longer than the row, an empty
-    row and a full one."""
+    """The listing kernels against model/csa2_ops.py:pool_entry_list bit for bit: rows of several
+    segments, a list shorter than the members (the rest dropped), lists longer than the row (the
+    tail padded by every segment's program), an empty row and a full one."""
     from dsflash.model import csa2_ops
     from dsflash.plugins.csa2_index_score import pool_list
 
     member = torch.rand(2, 3, n, generator=gen) > 0.6
     member[0, 0] = False
     member[1, 2] = True
-    got = pool_list.pool_entry_list(*_dev(member), size, overrides={"CHUNK": chunk})
+    got = pool_list.pool_entry_list(*_dev(member), size, overrides={"SEG": chunk})
     assert torch.equal(got.cpu(), csa2_ops.pool_entry_list(member, size))
 
 

@@ -1,12 +1,13 @@
-"""The listed candidate pool's two small steps as Triton kernels, one launch each, beside their
-references in model/csa2_ops.py (same signatures):
+"""The listed candidate pool's two small steps as Triton kernels, beside their references in
+model/csa2_ops.py (same signatures):
 
-- `pool_entry_list`: the pool's member mask [B, S, N] -> its ids in index order, -1 padded. One
-  program per query row scans the row in chunks (a prefix sum per chunk, a running count across
-  them). The PyTorch form (cumsum, where, scatter) took 29.5 us for one row of 128K entries and
-  394 us for 64 rows on the H200 (docs/benchmarks.md, session 20).
-- `listed_picks`: a top-k over the list mapped back to entry ids (-1 for padding), instead of a
-  gather, a comparison and a select.
+- `pool_entry_list`: the pool's member mask [B, S, N] -> its ids in index order, -1 padded, in two
+  launches over segments of each row: the segments' member counts, then each segment's ids after
+  those of the segments before it. The PyTorch form (cumsum, where, scatter) took 28.8 us for one
+  row of 128K entries and 393 us for 64 rows on the H200; one program per row scanning it chunk by
+  chunk took 73.5 us at any batch (a chain of dependent prefix sums; docs/benchmarks.md, session 20).
+- `listed_picks`: a top-k over the list mapped back to entry ids (-1 for padding) in one launch,
+  instead of a gather, a comparison and a select.
 """
 
 from __future__ import annotations
@@ -20,26 +21,45 @@ from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
 
 
 @triton.jit
-def pool_entry_list_kernel(member_ptr, N, P, out_ptr, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
-    # Grid (B * S rows,). Members past P are dropped (the caller sizes P to bound them).
+def pool_segment_counts_kernel(member_ptr, N, SEGS, counts_ptr, SEG: tl.constexpr, PDL: tl.constexpr = False):
+    # Grid (B * S rows, SEGS segments of SEG entries): the members of each segment.
     wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, CHUNK)
-    count = 0
-    for start in range(0, N, CHUNK):
-        n = start + offs
-        member = tl.load(member_ptr + row * N + n, mask=n < N, other=0) != 0
-        rank = count + tl.cumsum(member.to(tl.int32), axis=0) - 1
-        tl.store(out_ptr + row * P + rank, n.to(tl.int32), mask=member & (rank < P))
-        count += tl.sum(member.to(tl.int32), axis=0)
-    for start in range(0, P, CHUNK):
+    seg = tl.program_id(1)
+    n = seg * SEG + tl.arange(0, SEG)
+    member = tl.load(member_ptr + row * N + n, mask=n < N, other=0) != 0
+    tl.store(counts_ptr + row * SEGS + seg, tl.sum(member.to(tl.int32), axis=0))
+
+
+@triton.jit
+def pool_entry_list_kernel(member_ptr, counts_ptr, N, P, SEGS, PAD, out_ptr, SEG: tl.constexpr,
+                           SEGS_P2: tl.constexpr, PDL: tl.constexpr = False):
+    # Grid (B * S rows, SEGS segments): a segment's members go to the list after the members of
+    # the segments before it (their counts summed), in order (a prefix sum over the segment); the
+    # program also pads its PAD slots of the list's tail. Members past P are dropped (the caller
+    # sizes P to bound them).
+    wait_for_earlier_grids(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    seg = tl.program_id(1)
+    segs = tl.arange(0, SEGS_P2)
+    counts = tl.load(counts_ptr + row * SEGS + segs, mask=segs < SEGS, other=0)
+    before = tl.sum(tl.where(segs < seg, counts, 0), axis=0)
+    total = tl.sum(counts, axis=0)
+    offs = tl.arange(0, SEG)
+    n = seg * SEG + offs
+    member = tl.load(member_ptr + row * N + n, mask=n < N, other=0) != 0
+    rank = before + tl.cumsum(member.to(tl.int32), axis=0) - 1
+    tl.store(out_ptr + row * P + rank, n.to(tl.int32), mask=member & (rank < P))
+    for start in range(seg * PAD, (seg + 1) * PAD, SEG):
         slot = start + offs
-        tl.store(out_ptr + row * P + slot, tl.full([CHUNK], -1, tl.int32), mask=(slot >= count) & (slot < P))
+        tl.store(out_ptr + row * P + slot, tl.full([SEG], -1, tl.int32),
+                 mask=(slot >= total) & (slot < P) & (slot < (seg + 1) * PAD))
 
 
 def pool_entry_list(member_BSN: torch.Tensor, size: int, *, overrides: dict | None = None) -> torch.Tensor:
     """model/csa2_ops.py:pool_entry_list's signature: member [B, S, N] bool -> ids [B, S, size]
-    int32, ascending, -1 padded. `overrides`: CHUNK, num_warps, PDL (tests, benchmarks)."""
+    int32, ascending, -1 padded. Two launches over segments of SEG entries: their member counts,
+    then each segment's ids at its place. `overrides`: SEG, num_warps, PDL (tests, benchmarks)."""
     op = "pool_entry_list"
     check_shape(op, "member", member_BSN, (None, None, None))
     check_dtype(op, "member", member_BSN, (torch.bool,))
@@ -51,8 +71,13 @@ def pool_entry_list(member_BSN: torch.Tensor, size: int, *, overrides: dict | No
         return out
     over = dict(overrides or {})
     pdl = pdl_launch_args(member_BSN.device, {"PDL": over.pop("PDL", True)})
-    cfg = {"CHUNK": 4096, "num_warps": 8} | over
-    pool_entry_list_kernel[(b * s,)](member_BSN.contiguous().view(torch.uint8), n, size, out, **cfg, **pdl)
+    cfg = {"SEG": 4096, "num_warps": 4} | over
+    segs = max(1, -(-n // cfg["SEG"]))
+    member = member_BSN.contiguous().view(torch.uint8)
+    counts = torch.empty(b * s, segs, dtype=torch.int32, device=member.device)
+    pool_segment_counts_kernel[(b * s, segs)](member, n, segs, counts, **cfg, **pdl)
+    pool_entry_list_kernel[(b * s, segs)](member, counts, n, size, segs, -(-size // segs), out,
+                                          SEGS_P2=next_pow2(segs), **cfg, **pdl)
     return out
 
 
