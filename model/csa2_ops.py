@@ -105,7 +105,9 @@ def select_listed_topk(scores_BSP: torch.Tensor, entries_BSP: torch.Tensor, k: i
     to entry ids; min(k, n) columns as select_topk over n entries gives, -1 past the pool.
     `topk` / `picks`: the top-k and listed_picks in use (the references, or an OpSet's kernels)."""
     vals, pos = topk(scores_BSP, k)
-    return (picks or listed_picks)(vals, pos, entries_BSP, min(k, n))
+    if picks is None:  # not `picks or ...`: dynamo (torch 2.11) cannot branch on a bound method
+        picks = listed_picks
+    return picks(vals, pos, entries_BSP, min(k, n))
 
 
 def listed_picks(vals_BSK: torch.Tensor, pos_BSK: torch.Tensor, entries_BSP: torch.Tensor,
