@@ -79,9 +79,17 @@ class OpSet:
         self.use_topk_kernel = use_topk_kernel
         self.split_attention = split_attention
         self.split_mhc = split_mhc
-        if pool_form not in POOL_FORMS:
-            raise ValueError(f"unknown pool form {pool_form!r}; forms: {POOL_FORMS}")
         self.pool_form = pool_form
+
+    @property
+    def pool_form(self) -> str:
+        return self._pool_form
+
+    @pool_form.setter
+    def pool_form(self, value: str) -> None:
+        if value not in POOL_FORMS:
+            raise ValueError(f"unknown pool form {value!r}; forms: {POOL_FORMS}")
+        self._pool_form = value
 
     @property
     def lists_pool(self) -> bool:
@@ -141,7 +149,7 @@ class OpSet:
         return pooled_score_reference(q_BSIJ, w_BSI, k_BNJ, entries_BSP)
 
     def pool_entry_list(self, member_BSN, size: int):
-        """The candidate pool listed (model/csa2_ops.py): one Triton launch on the Triton backend
+        """The candidate pool listed (model/csa2_ops.py): the Triton kernels on the Triton backend
         (eager; a traced graph keeps the PyTorch ops, which inductor fuses), else the reference."""
         if self._backend == "triton" and not torch.compiler.is_compiling():
             return self._kernels["pool_entry_list"](member_BSN, size)

@@ -86,6 +86,13 @@ def test_opset_backends_agree(gen):
                        custom.csa2_sparse_attention(*inputs, **attrs))
     with pytest.raises(ValueError, match="unknown op backend 'cuda'"):
         OpSet("cuda")
+    with pytest.raises(ValueError, match="unknown pool form 'sparse'"):
+        OpSet("reference", pool_form="sparse")
+    with pytest.raises(ValueError, match="unknown pool form 'masks'"):
+        ref.pool_form = "masks"
+    assert not ref.lists_pool and not custom.lists_pool
+    ref.pool_form = "list"
+    assert ref.lists_pool
 
 
 def test_split_attention_form_matches_the_one_node_op(gen):
