@@ -142,24 +142,26 @@ class OpSet:
     def csa2_index_score_pooled(self, q_BSIJ, w_BSI, k_BNJ, entries_BSP):
         """Not a plugin op (graphs keep the mask form): the Triton kernel on the Triton backend,
         else the reference."""
-        if self._backend == "triton":
-            if torch.compiler.is_compiling():
-                return torch.ops.dsflash_triton.csa2_index_score_pooled(q_BSIJ, w_BSI, k_BNJ, entries_BSP)
-            return self._kernels["csa2_index_score_pooled"](q_BSIJ, w_BSI, k_BNJ, entries_BSP)
-        return pooled_score_reference(q_BSIJ, w_BSI, k_BNJ, entries_BSP)
+        return self._launcher_or("csa2_index_score_pooled", pooled_score_reference, q_BSIJ, w_BSI, k_BNJ,
+                                 entries_BSP)
 
     def pool_entry_list(self, member_BSN, size: int):
-        """The candidate pool listed (model/csa2_ops.py): the Triton kernels on the Triton backend
-        (eager; a traced graph keeps the PyTorch ops, which inductor fuses), else the reference."""
-        if self._backend == "triton" and not torch.compiler.is_compiling():
-            return self._kernels["pool_entry_list"](member_BSN, size)
-        return csa2_ops.pool_entry_list(member_BSN, size)
+        """The candidate pool listed (model/csa2_ops.py): the Triton kernels on the Triton backend,
+        else the reference."""
+        return self._launcher_or("pool_entry_list", csa2_ops.pool_entry_list, member_BSN, size)
 
     def listed_picks(self, vals_BSK, pos_BSK, entries_BSP, width: int):
         """A top-k over the listed pool as entry ids (model/csa2_ops.py), as pool_entry_list."""
-        if self._backend == "triton" and not torch.compiler.is_compiling():
-            return self._kernels["listed_picks"](vals_BSK, pos_BSK, entries_BSP, width)
-        return csa2_ops.listed_picks(vals_BSK, pos_BSK, entries_BSP, width)
+        return self._launcher_or("listed_picks", csa2_ops.listed_picks, vals_BSK, pos_BSK, entries_BSP, width)
+
+    def _launcher_or(self, name: str, reference, *args):
+        """A launcher that is not a graph op (plugins/triton_ops.py:LAUNCHER_OPS) on the Triton
+        backend (its torch.library op under compilation), else the reference."""
+        if self._backend != "triton":
+            return reference(*args)
+        if torch.compiler.is_compiling():
+            return getattr(torch.ops.dsflash_triton, name)(*args)
+        return self._kernels[name](*args)
 
     def csa2_sparse_attention(self, q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale):
         if self.split_attention and self._backend != "triton":

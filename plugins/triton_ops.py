@@ -18,9 +18,33 @@ from dsflash.plugins.declaration import OpDecl
 from dsflash.plugins.torch_ops import fake_outputs, is_registered
 
 NAMESPACE = "dsflash_triton"
-STABLE_TOPK_SCHEMA = "(Tensor scores, int k) -> (Tensor, Tensor)"
-POOLED_SCORE_SCHEMA = "(Tensor q, Tensor w, Tensor k, Tensor entries) -> Tensor"
+# Launchers that are not graph ops (no declaration): their schemas, and fakes with the launchers'
+# output shapes and dtypes.
+def _topk_fake(scores, k):
+    # fp32 values and int64 indices of the min(k, N) best
+    shape = (*scores.shape[:-1], min(k, scores.shape[-1]))
+    return scores.new_empty(shape, dtype=torch.float32), scores.new_empty(shape, dtype=torch.int64)
 
+
+def _pooled_score_fake(q, w, k, entries):
+    return q.new_empty(entries.shape, dtype=torch.float32)  # fp32 scores of the listed slots
+
+
+def _pool_list_fake(member, size):
+    return member.new_empty((*member.shape[:-1], size), dtype=torch.int32)
+
+
+def _listed_picks_fake(vals, pos, entries, width):
+    return vals.new_empty((*vals.shape[:-1], width), dtype=torch.int64)
+
+
+LAUNCHER_OPS = {
+    "stable_topk": ("(Tensor scores, int k) -> (Tensor, Tensor)", _topk_fake),
+    "csa2_index_score_pooled": ("(Tensor q, Tensor w, Tensor k, Tensor entries) -> Tensor",
+                                _pooled_score_fake),
+    "pool_entry_list": ("(Tensor member, int size) -> Tensor", _pool_list_fake),
+    "listed_picks": ("(Tensor vals, Tensor pos, Tensor entries, int width) -> Tensor", _listed_picks_fake),
+}
 
 def _register_decl(decl: OpDecl, launcher) -> None:
     qualname = f"{NAMESPACE}::{decl.torch_name}"
@@ -38,40 +62,21 @@ def _register_decl(decl: OpDecl, launcher) -> None:
     torch.library.register_fake(qualname)(fake)
 
 
-def _register_topk(launcher) -> None:
-    qualname = f"{NAMESPACE}::stable_topk"
-    torch.library.define(qualname, STABLE_TOPK_SCHEMA)
-
-    def fake(scores, k):
-        # the launcher's outputs: fp32 values and int64 indices of the min(k, N) best
-        shape = (*scores.shape[:-1], min(k, scores.shape[-1]))
-        return (scores.new_empty(shape, dtype=torch.float32),
-                scores.new_empty(shape, dtype=torch.int64))
-
-    torch.library.impl(qualname, "CompositeExplicitAutograd")(launcher)
-    torch.library.register_fake(qualname)(fake)
-
-
-def _register_pooled_score(launcher) -> None:
-    qualname = f"{NAMESPACE}::csa2_index_score_pooled"
-    torch.library.define(qualname, POOLED_SCORE_SCHEMA)
-
-    def fake(q, w, k, entries):
-        return q.new_empty(entries.shape, dtype=torch.float32)  # fp32 scores of the listed slots
-
+def _register_launcher(name: str, launcher) -> None:
+    qualname = f"{NAMESPACE}::{name}"
+    schema, fake = LAUNCHER_OPS[name]
+    torch.library.define(qualname, schema)
     torch.library.impl(qualname, "CompositeExplicitAutograd")(launcher)
     torch.library.register_fake(qualname)(fake)
 
 
 def register_triton_ops(decls: tuple[OpDecl, ...], launchers: dict) -> None:
     """Register `dsflash_triton::<torch_name>` for every declaration with a launcher in
-    `launchers` (keyed by torch_name), `dsflash_triton::stable_topk` and
-    `dsflash_triton::csa2_index_score_pooled`; idempotent: the first
-    registration's launchers serve the process."""
+    `launchers` (keyed by torch_name), and the launchers of LAUNCHER_OPS (the top-k, the listed
+    pool's steps); idempotent: the first registration's launchers serve the process."""
     for decl in decls:
         if decl.torch_name in launchers and not is_registered(NAMESPACE, decl.torch_name):
             _register_decl(decl, launchers[decl.torch_name])
-    if not is_registered(NAMESPACE, "stable_topk"):
-        _register_topk(launchers["stable_topk"])
-    if not is_registered(NAMESPACE, "csa2_index_score_pooled"):
-        _register_pooled_score(launchers["csa2_index_score_pooled"])
+    for name in LAUNCHER_OPS:
+        if not is_registered(NAMESPACE, name):
+            _register_launcher(name, launchers[name])
