@@ -18,6 +18,8 @@ from dsflash.plugins.declaration import OpDecl
 from dsflash.plugins.torch_ops import fake_outputs, is_registered
 
 NAMESPACE = "dsflash_triton"
+
+
 # Launchers that are not graph ops (no declaration): their schemas, and fakes with the launchers'
 # output shapes and dtypes.
 def _topk_fake(scores, k):
@@ -45,6 +47,7 @@ LAUNCHER_OPS = {
     "pool_entry_list": ("(Tensor member, int size) -> Tensor", _pool_list_fake),
     "listed_picks": ("(Tensor vals, Tensor pos, Tensor entries, int width) -> Tensor", _listed_picks_fake),
 }
+
 
 def _register_decl(decl: OpDecl, launcher) -> None:
     qualname = f"{NAMESPACE}::{decl.torch_name}"
