@@ -10,6 +10,9 @@ Modes (each after a warm-up, on the same state; the first step's logits are comp
                  the in-place cache: every step copied each sequence's whole cache twice, into
                  the gathered feeds and into the graph's own buffers)
   graph          the kernels in a CUDA graph that reads the cache pools in place
+  graph-mask     the same with the Reindex layers over the candidate pool as a mask over every
+                 entry (OpSet pool_form "mask", the graphs' form) instead of the listed pool the
+                 Triton backend uses (session 20): the whole step's A/B of that change
   compiled       the same, with the step compiled by torch.compile (inductor) first: the PyTorch
                  ops between the kernels fused (TorchEngine(compile="inductor"))
   compiled-autotune  compiled, inductor choosing each matmul among its Triton templates and
@@ -50,8 +53,8 @@ from dsflash.runtime.engine import TUNED_COMPILE, TorchEngine
 # inductor settings of each compiled mode (TorchEngine's compile_options)
 COMPILED = {"compiled": None, "compiled-autotune": {"max_autotune_gemm": True},
             "compiled-cdt": TUNED_COMPILE, "compiled-tuned": {**TUNED_COMPILE, "max_autotune_gemm": True}}
-MODES = ("reference", "triton", "graph-copy", "graph", *COMPILED)
-GRAPHED = ("graph-copy", "graph", *COMPILED)
+MODES = ("reference", "triton", "graph-copy", "graph", *COMPILED, "graph-mask")
+GRAPHED = ("graph-copy", "graph", *COMPILED, "graph-mask")
 log = logging.getLogger("bench_decode")
 
 
@@ -72,6 +75,8 @@ def copy_bandwidth_GBps(device: str) -> float:
 def engine_for(model, mode: str, kept: dict | None = None) -> TorchEngine:
     """A fresh engine per case, except compiled ones, which are kept in `kept` across cases: a
     new torch.compile wrapper would compile again (the runtime, too, keeps one engine)."""
+    # the shared OpSet's pool form as this mode runs it (a graph captures it at its first step)
+    model.ops.pool_form = "mask" if mode == "graph-mask" else "auto"
     if kept is not None and mode in kept:
         model.ops.backend = "triton"  # another mode's engine may have switched the shared OpSet
         return kept[mode]

@@ -34,7 +34,7 @@ def test_cpu_run_writes_a_case_per_batch_and_context(tmp_path):
     assert cache[(3, 40)] > cache[(1, 40)] > cache[(1, 24)]
 
 
-@pytest.mark.parametrize("mode", ["graph", "compiled", "compiled-cdt"])
+@pytest.mark.parametrize("mode", ["graph", "compiled", "compiled-cdt", "graph-mask"])
 def test_graph_modes_need_cuda(tmp_path, mode):
     bad = run("--device", "cpu", "--config", "tiny", "--modes", mode, "--out", str(tmp_path), check=False)
     assert bad.returncode != 0 and "CUDA graphs need --device cuda" in bad.stderr
