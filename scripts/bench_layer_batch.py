@@ -197,9 +197,9 @@ def topk_settings(chunks: list[int], digits: list[tuple]) -> dict:
 
 def topk_sweep(batch: int, ctx: int, gen: torch.Generator, settings: dict) -> dict:
     """The top-k's launch settings at a batch (topk_settings), on the index kernel's scores of a
-    Full and of a Reindex layer (mask form: all entries; list form: the pool's): at B rows a digit pass launches B x ctx / CHUNK programs, each
-    building a 2^bits-bin histogram. Every setting is checked bit for bit against the stable sort
-    first (NaN: it differed)."""
+    Full and of a Reindex layer (mask form: all entries; list form: the pool's): at B rows a digit
+    pass launches B x ctx / CHUNK programs, each building a 2^bits-bin histogram. Every setting is
+    checked bit for bit against the stable sort first (NaN: it differed)."""
     x = layer_inputs(batch, ctx, gen)
     scores = {kind: index_kernel.csa2_index_score(x["iq"], x["iw"], x["ik"], x[vis])
               for kind, vis in (("full", "all"), ("reindex", "pool"))}
