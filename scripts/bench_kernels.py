@@ -21,9 +21,12 @@ import triton
 import triton.testing
 from tqdm import tqdm
 
+from dsflash.model.csa2_ops import select_listed_topk
 from dsflash.model.quant import fp4_pow2_pack
 from dsflash.plugins.csa2_index_score import kernel as index_kernel
 from dsflash.plugins.csa2_index_score import reference as index_ref
+from dsflash.plugins.csa2_index_score.pool_list import listed_picks, pool_entry_list
+from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
 from dsflash.plugins.csa2_sparse_attention import reference as attn_ref
 from dsflash.plugins.engram_hash_gather import kernel as engram_kernel
@@ -128,7 +131,8 @@ def attn_bytes(rows: int) -> int:
 
 def csa2_layer(kind: str, ctx: int, gen) -> dict:
     """One decode row of a CSA2 layer at context ctx: Full (ratio 1, index every entry), Reindex
-    (index the candidate pool of 2048 blocks x 8 only), Reuse (another layer's selection)."""
+    (index the candidate pool of 2048 blocks x 8 only: listed, as OpSet("triton") runs it since
+    session 20, and as a mask, `layer_mask_us`), Reuse (another layer's selection)."""
     n = ctx
     q = torch.randn(1, 1, HEADS, HEAD_DIM, generator=gen).to("cuda", BF16)
     kv = torch.randn(1, n, HEAD_DIM, generator=gen).to("cuda", BF16)
@@ -146,20 +150,29 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
     else:
         visible = torch.ones(1, 1, n, dtype=torch.bool, device="cuda")
     idx = torch.randint(0, n, (1, 1, TOPK), generator=gen).cuda()
+    # the pool listed once per step (for all Reindex layers of a pool): not part of the layer
+    entries = pool_entry_list(visible, min(CAND_BLOCKS * CAND_BLOCK, n)) if kind == "reindex" else None
     scale = HEAD_DIM ** -0.5
     attn = attn_kernel.SparseAttentionLauncher()  # held: its workspace is reused across calls
     topk_kernel = StableTopkLauncher()  # the radix-select top-k OpSet("triton") runs
     plain = {"PDL": False}  # the same kernels without programmatic dependent launch
     attn_plain, topk_plain = attn_kernel.SparseAttentionLauncher(overrides=plain), StableTopkLauncher(overrides=plain)
 
-    def layer(topk=topk_kernel, attn=attn, over=None):  # what OpSet("triton") runs: index, top-k, attention
-        sel = idx
-        if kind != "reuse":
+    def layer(topk=topk_kernel, attn=attn, over=None, listed=entries is not None):
+        sel = idx  # what OpSet("triton") runs: index, top-k, attention
+        if listed:
+            scores = csa2_index_score_pooled(iq, iw, ik, entries, overrides=over)
+            sel = select_listed_topk(scores, entries, TOPK, n, topk=topk, picks=listed_picks)
+        elif kind != "reuse":
             scores = index_kernel.csa2_index_score(iq, iw, ik, visible, overrides=over)
             sel = topk(scores, TOPK)[1]
         return attn(q, kv, sel, win, wmask, sink, scale)
 
     out = {"layer_us": 1e3 * time_ms(layer, graph=True)}
+    if entries is not None:
+        out["layer_mask_us"] = 1e3 * time_ms(lambda: layer(listed=False), graph=True)
+        if not torch.equal(layer(), layer(listed=False)):
+            logging.warning("the listed Reindex layer differs from the mask form (%d entries)", n)
     def plain_layer():
         return layer(topk_plain, attn_plain, plain)
 
@@ -172,6 +185,9 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
         if not torch.equal(topk_kernel(scores, TOPK)[1], stable_topk_reference(scores, TOPK)[1]):
             logging.warning("top-k kernel differs from the stable sort (%s, %d entries)", kind, n)
         out["index_us"] = 1e3 * time_ms(lambda: index_kernel.csa2_index_score(iq, iw, ik, visible), graph=True)
+        if entries is not None:  # the listed pool's index kernel (the mask form's is index_us)
+            out["index_listed_us"] = 1e3 * time_ms(lambda: csa2_index_score_pooled(iq, iw, ik, entries),
+                                                   graph=True)
         codes, exps = fp4_pow2_pack(ik)  # the release's FP4 index keys: 68 B per entry
         out["index_fp4_us"] = 1e3 * time_ms(
             lambda: index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible), graph=True)
