@@ -27,7 +27,7 @@ fraction: the bytes a step must read (weights once, the cache it attends to;
 model.accounting.decode_step_bytes) over the device copy bandwidth measured in the same run.
 
     python3 scripts/bench_decode.py --out gpu_out [--config small] [--batches 1,8,32]
-        [--contexts 4096,130048] [--steps 12] [--modes reference,triton,graph-copy,graph,compiled]
+        [--contexts 4096,130048] [--steps 12] [--modes reference,triton,graph-copy,graph-mask,graph,compiled]
     python scripts/bench_decode.py --device cpu --config tiny --contexts 48 --batches 2 \
         --modes reference --steps 2 --out /tmp/decode   # the plumbing, on a CPU
 """
@@ -55,6 +55,8 @@ COMPILED = {"compiled": None, "compiled-autotune": {"max_autotune_gemm": True},
             "compiled-cdt": TUNED_COMPILE, "compiled-tuned": {**TUNED_COMPILE, "max_autotune_gemm": True}}
 MODES = ("reference", "triton", "graph-copy", "graph", *COMPILED, "graph-mask")
 GRAPHED = ("graph-copy", "graph", *COMPILED, "graph-mask")
+# the default run: every eager and graphed form, then the compiled step (the ratios' base)
+DEFAULT_MODES = ("reference", "triton", "graph-copy", "graph-mask", "graph", "compiled")
 log = logging.getLogger("bench_decode")
 
 
@@ -187,7 +189,7 @@ def main() -> int:
     ap.add_argument("--config", default="small", choices=["tiny", "small"])
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--contexts", default="4096,130048")
-    ap.add_argument("--modes", default=",".join(MODES[:5]), help=f"of {MODES}")
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"of {MODES}")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
