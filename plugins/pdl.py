@@ -62,9 +62,8 @@ def pdl_kernel_specs() -> dict:
     """The kernels that launch with PDL, each as (kernel, signature, constants) at the release
     sizes (bf16; launch parameters from each launcher's launch_config), for
     scripts/check_pdl_ptx.py."""
-    from dsflash.plugins.csa2_index_score import fp4_mma
+    from dsflash.plugins.csa2_index_score import fp4_mma, pool_list, pooled
     from dsflash.plugins.csa2_index_score import kernel as index
-    from dsflash.plugins.csa2_index_score import pool_list, pooled
     from dsflash.plugins.csa2_index_score import trt as index_trt
     from dsflash.plugins.csa2_sparse_attention import kernel as attention
     from dsflash.plugins.csa2_sparse_attention import trt as attention_trt
