@@ -146,20 +146,26 @@ class OpSet:
                                  entries_BSP)
 
     def pool_entry_list(self, member_BSN, size: int):
-        """The candidate pool listed (model/csa2_ops.py): the Triton kernels on the Triton backend,
-        else the reference."""
-        return self._launcher_or("pool_entry_list", csa2_ops.pool_entry_list, member_BSN, size)
+        """The candidate pool listed (model/csa2_ops.py): the Triton kernels on the eager Triton
+        backend; a traced graph keeps the PyTorch ops (inductor fuses them; the form the H200's
+        compiled-step tests ran in session 20), as do the other backends."""
+        return self._launcher_or("pool_entry_list", csa2_ops.pool_entry_list, member_BSN, size,
+                                 traced_reference=True)
 
     def listed_picks(self, vals_BSK, pos_BSK, entries_BSP, width: int):
         """A top-k over the listed pool as entry ids (model/csa2_ops.py), as pool_entry_list."""
-        return self._launcher_or("listed_picks", csa2_ops.listed_picks, vals_BSK, pos_BSK, entries_BSP, width)
+        return self._launcher_or("listed_picks", csa2_ops.listed_picks, vals_BSK, pos_BSK, entries_BSP, width,
+                                 traced_reference=True)
 
-    def _launcher_or(self, name: str, reference, *args):
-        """A launcher that is not a graph op (plugins/triton_ops.py:LAUNCHER_OPS) on the Triton
-        backend (its torch.library op under compilation), else the reference."""
+    def _launcher_or(self, name: str, reference, *args, traced_reference: bool = False):
+        """A launcher that is not a graph op on the Triton backend, else the reference. Under
+        compilation its torch.library op (plugins/triton_ops.py:LAUNCHER_OPS), or with
+        `traced_reference` the reference's PyTorch ops."""
         if self._backend != "triton":
             return reference(*args)
         if torch.compiler.is_compiling():
+            if traced_reference:
+                return reference(*args)
             return getattr(torch.ops.dsflash_triton, name)(*args)
         return self._kernels[name](*args)
 

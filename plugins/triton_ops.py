@@ -32,20 +32,10 @@ def _pooled_score_fake(q, w, k, entries):
     return q.new_empty(entries.shape, dtype=torch.float32)  # fp32 scores of the listed slots
 
 
-def _pool_list_fake(member, size):
-    return member.new_empty((*member.shape[:-1], size), dtype=torch.int32)
-
-
-def _listed_picks_fake(vals, pos, entries, width):
-    return vals.new_empty((*vals.shape[:-1], width), dtype=torch.int64)
-
-
 LAUNCHER_OPS = {
     "stable_topk": ("(Tensor scores, int k) -> (Tensor, Tensor)", _topk_fake),
     "csa2_index_score_pooled": ("(Tensor q, Tensor w, Tensor k, Tensor entries) -> Tensor",
                                 _pooled_score_fake),
-    "pool_entry_list": ("(Tensor member, int size) -> Tensor", _pool_list_fake),
-    "listed_picks": ("(Tensor vals, Tensor pos, Tensor entries, int width) -> Tensor", _listed_picks_fake),
 }
 
 
@@ -76,7 +66,7 @@ def _register_launcher(name: str, launcher) -> None:
 def register_triton_ops(decls: tuple[OpDecl, ...], launchers: dict) -> None:
     """Register `dsflash_triton::<torch_name>` for every declaration with a launcher in
     `launchers` (keyed by torch_name), and the launchers of LAUNCHER_OPS (the top-k, the listed
-    pool's steps); idempotent: the first registration's launchers serve the process."""
+    pool's index scores); idempotent: the first registration's launchers serve the process."""
     for decl in decls:
         if decl.torch_name in launchers and not is_registered(NAMESPACE, decl.torch_name):
             _register_decl(decl, launchers[decl.torch_name])

@@ -605,6 +605,8 @@ def test_stable_topk_row_program_is_exact(gen, rows, n, k, chunk, bits):
         assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
     with pytest.raises(ValueError, match="ROW_BITS 5 is not 4 or 8"):
         topk_kernel.StableTopkLauncher(overrides={"ROW_PROGRAM": True, "ROW_BITS": 5})(*_dev(scores), k)
+    with pytest.raises(ValueError, match="CHUNK 100 is not a power of two"):
+        topk_kernel.StableTopkLauncher(overrides={"ROW_PROGRAM": True, "CHUNK": 100})(*_dev(scores), k)
 
 
 @pytest.mark.parametrize("regs, warps, shared, want", [

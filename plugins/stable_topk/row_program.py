@@ -92,9 +92,12 @@ def row_program_launch(flat, n: int, k_out: int, sel, vals, idx, overrides: dict
     CMP_BLOCK, num_warps."""
     bits = overrides.get("ROW_BITS", 8)
     require(bits in (4, 8), f"StableTopk: ROW_BITS {bits} is not 4 or 8 (the passes tile 32 bits)")
+    chunk = overrides.get("CHUNK") or 2048
+    require(chunk >= 16 and chunk == next_pow2(chunk), f"StableTopk: CHUNK {chunk} is not a power of "
+            "two >= 16 (one program's step over its row)")
     kp = sel.shape[1]
     radix_row_kernel[(flat.shape[0],)](
-        flat, n, k_out, sel, vals, idx, KP=kp, BITS=bits, CHUNK=overrides.get("CHUNK") or 2048,
+        flat, n, k_out, sel, vals, idx, KP=kp, BITS=bits, CHUNK=chunk,
         RANK_BLOCK=min(overrides.get("RANK_BLOCK", 32), kp),
         CMP_BLOCK=min(overrides.get("CMP_BLOCK", 256), next_pow2(kp)),
         num_warps=overrides.get("num_warps", 4), **pdl)
