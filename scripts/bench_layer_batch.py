@@ -183,13 +183,17 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
 
 def topk_settings(chunks: list[int], digits: list[tuple]) -> dict:
     """Label -> StableTopkLauncher overrides: each chunk with 4 warps, 4 warps without the idle
-    skip and 8 warps; each digit split (widths of the passes, most significant first) with the
-    launcher's own chunk."""
+    skip and 8 warps, and as the step of the one-program-per-row form (ROW_PROGRAM, 4 and 8 warps);
+    each digit split (widths of the passes, most significant first) with the launcher's own
+    chunk."""
     out = {}
     for chunk in chunks:
         for warps, skip in ((4, True), (4, False), (8, True)):
             out[f"chunk {chunk} warps {warps}{'' if skip else ' no skip'}"] = {
                 "CHUNK": chunk, "num_warps": warps, "SKIP_IDLE": skip}
+        for warps in (4, 8):
+            out[f"row program chunk {chunk} warps {warps}"] = {"ROW_PROGRAM": True, "CHUNK": chunk,
+                                                               "num_warps": warps}
     for split in digits:
         out["digits " + "-".join(map(str, split))] = {"DIGITS": split}
     return out
@@ -266,6 +270,42 @@ def parse_fp4_configs(text: str) -> list[dict]:
     return configs
 
 
+def attn_sweep(batch: int, ctx: int, gen: torch.Generator, configs: list[dict]) -> dict:
+    """The sparse attention's launch settings at a batch (Reuse's selection: K = 512 picks and the
+    128-key window per row). Each setting's output is compared with the launch default's first
+    ('max_abs_diff' in the JSON, a warning above 1e-2: the same softmax in another tiling differs
+    in rounding only)."""
+    x = layer_inputs(batch, ctx, gen)
+    args = (x["q"], x["kv"], x["idx"], x["win"], x["wmask"], x["sink"], HEAD_DIM ** -0.5)
+    want = attn_kernel.SparseAttentionLauncher()(*args)
+    out = {}
+    for cfg in configs:
+        n_split = cfg.get("n_split")
+        over = {k: v for k, v in cfg.items() if k != "n_split"}
+        attn = attn_kernel.SparseAttentionLauncher(overrides=over)
+        label = " ".join(f"{k} {v}" for k, v in cfg.items())
+        diff = (attn(*args, n_split=n_split).float() - want.float()).abs().max().item()
+        if not diff <= 1e-2:
+            log.warning("attention with %s differs from the default launch by %.3g", label, diff)
+        us = 1e3 * time_ms(lambda attn=attn: attn(*args, n_split=n_split), graph=True)
+        out[label] = {"us": us, "max_abs_diff": diff}
+    return out
+
+
+def parse_attn_configs(text: str) -> list[dict]:
+    """'BLOCK_H:BLOCK_K:num_warps:num_stages[:SPLITS]' entries, comma-separated (SPLITS: key splits
+    per row instead of the launcher's plan)."""
+    configs = []
+    for item in filter(None, text.split(",")):
+        parts = item.split(":")
+        if len(parts) not in (4, 5) or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"attention config {item!r} is not BLOCK_H:BLOCK_K:num_warps:num_stages[:SPLITS]")
+        bh, bk, warps, stages = map(int, parts[:4])
+        cfg = {"BLOCK_H": bh, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
+        configs.append(cfg | ({"n_split": int(parts[4])} if len(parts) == 5 else {}))
+    return configs
+
+
 def report(res: dict) -> str:
     head = (f"{res['gpu']}  torch {res['torch']}  triton {res['triton']}  {res['date']}  "
             f"copy {res['bw_GBps']:.0f} GB/s")
@@ -300,6 +340,8 @@ def main() -> None:
                     help="sweep the top-k's digit splits (e.g. 8-8-8-8,4-4-8-8-8)")
     ap.add_argument("--fp4-configs", default="", help="sweep the FP4 index kernel's launch "
                     "(BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS],...) instead of timing the layers")
+    ap.add_argument("--attn-configs", default="", help="sweep the sparse attention's launch "
+                    "(BLOCK_H:BLOCK_K:num_warps:num_stages[:SPLITS],...) instead of timing the layers")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
@@ -308,6 +350,7 @@ def main() -> None:
         ap.error(f"batches and contexts must be >= 1 and contexts multiples of {CAND_BLOCK}; got {bad}")
     try:
         fp4_configs = parse_fp4_configs(args.fp4_configs)
+        attn_configs = parse_attn_configs(args.attn_configs)
         digits = [tuple(int(d) for d in split.split("-"))
                   for split in filter(None, args.topk_digits.split(","))]
         for split in digits:
@@ -339,7 +382,16 @@ def main() -> None:
                 (out / "fp4_sweep.json").write_text(json.dumps(res, indent=1))
                 times = (f"{k} {v['us']:.1f} us ({100 * roof / v['us']:.0f}%)" for k, v in case.items())
                 log.info("batch %d ctx %d (roofline %.1f us): %s", b, c, roof, ", ".join(times))
-    if args.topk_chunks or digits or fp4_configs:
+    if attn_configs:
+        res["attn_sweep"] = {}
+        for c in contexts:
+            for b in batches:
+                case = res["attn_sweep"][f"batch {b} ctx {c}"] = attn_sweep(b, c, gen, attn_configs)
+                roof = attn_bytes(b) / bw / 1e3
+                (out / "attn_sweep.json").write_text(json.dumps(res, indent=1))
+                times = (f"{k}: {v['us']:.1f} us ({100 * roof / v['us']:.0f}%)" for k, v in case.items())
+                log.info("batch %d ctx %d (roofline %.1f us): %s", b, c, roof, ", ".join(times))
+    if args.topk_chunks or digits or fp4_configs or attn_configs:
         return
     for ctx in contexts:
         for batch in tqdm(batches, desc=f"layers at {ctx}"):

@@ -44,6 +44,8 @@ def test_layer_bytes_grow_with_the_batch_and_bound_the_speed_ups(bench):
     (["--fp4-configs", "64:4:4"], "FP4 config '64:4:4' is not BLOCK_N:BLOCKS:num_warps:STAGES"),
     (["--fp4-configs", "64:4:4:0:x"], "is not BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS]"),
     (["--fp4-configs", "64:4:4:0:rx"], "is not BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS]"),
+    (["--attn-configs", "64:32:8"], "attention config '64:32:8' is not BLOCK_H:BLOCK_K:num_warps:num_stages"),
+    (["--attn-configs", "64:32:8:0"], "is not BLOCK_H:BLOCK_K:num_warps:num_stages[:SPLITS]"),
     (["--topk-digits", "8-8-8"], "digit widths (8, 8, 8) must be 1..11 bits each and add up to 32"),
     (["--topk-digits", "16-16"], "digit widths (16, 16) must be"),
 ])
@@ -72,4 +74,11 @@ def test_sweep_settings_spell_out_the_launches(bench):
     assert settings == {"chunk 2048 warps 4": {"CHUNK": 2048, "num_warps": 4, "SKIP_IDLE": True},
                         "chunk 2048 warps 4 no skip": {"CHUNK": 2048, "num_warps": 4, "SKIP_IDLE": False},
                         "chunk 2048 warps 8": {"CHUNK": 2048, "num_warps": 8, "SKIP_IDLE": True},
+                        "row program chunk 2048 warps 4": {"ROW_PROGRAM": True, "CHUNK": 2048,
+                                                           "num_warps": 4},
+                        "row program chunk 2048 warps 8": {"ROW_PROGRAM": True, "CHUNK": 2048,
+                                                           "num_warps": 8},
                         "digits 4-4-8-8-8": {"DIGITS": (4, 4, 8, 8, 8)}}
+    assert bench.parse_attn_configs("16:32:4:3,64:16:8:2:5") == [
+        {"BLOCK_H": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3},
+        {"BLOCK_H": 64, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2, "n_split": 5}]
