@@ -177,7 +177,8 @@ class SparseAttentionLauncher(LauncherBase):
                      torch.empty(cap * 2, dtype=torch.float32, device=device)))
 
     def _config(self, q: torch.Tensor) -> tuple[dict, dict]:
-        cfg = launch_config(q.shape[2], q.shape[3], q.dtype) | self._overrides
+        b, s, h, d = q.shape
+        cfg = launch_config(h, d, q.dtype, rows=b * s) | self._overrides
         return cfg, pdl_launch_args(q.device, {"PDL": cfg.pop("PDL", True)})
 
     def __call__(self, q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale: float,
@@ -188,7 +189,10 @@ class SparseAttentionLauncher(LauncherBase):
         if out.numel() == 0:
             return out
         cfg, pdl = self._config(q_BSHD)
-        target = cdiv(2 * self._sms(q_BSHD.device), cdiv(h, cfg["BLOCK_H"]))
+        head_blocks = cdiv(h, cfg["BLOCK_H"])
+        target = cdiv(2 * self._sms(q_BSHD.device), head_blocks)
+        if n_split is None and splits.batch_form(h, d, b * s) and "BLOCK_H" not in self._overrides:
+            n_split = splits.split_count(b * s, head_blocks, self._sms(q_BSHD.device))
         per, n_split = splits.split_plan(b * s, idx_BSK.shape[2], win_kv_BTD.shape[1], d, cfg["BLOCK_K"],
                                          target, n_split)
         if n_split == 1:
@@ -280,6 +284,7 @@ def csa2_attention_combine(q_BSHD: torch.Tensor, acc_BSPHD: torch.Tensor, ml_BSP
     return out
 
 
-def launch_config(heads: int, dim: int, dtype: torch.dtype) -> dict:
-    """splits.launch_config for a dtype (fp32 operands take exact IEEE products)."""
-    return splits.launch_config(heads, dim, ieee=dtype == torch.float32)
+def launch_config(heads: int, dim: int, dtype: torch.dtype, rows: int | None = None) -> dict:
+    """splits.launch_config for a dtype (fp32 operands take exact IEEE products) and, in a JIT
+    launch, the number of query rows (B*S)."""
+    return splits.launch_config(heads, dim, ieee=dtype == torch.float32, rows=rows)

@@ -17,21 +17,47 @@ from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.launch import next_pow2
 from dsflash.plugins.sizes import H200_SMS, TORCH_SIZES, SizeOps, trt_sizes
 
-__all__ = ["H200_SMS", "TORCH_SIZES", "SizeOps", "default_split_target", "export_attrs", "key_blocks",
-           "launch_config", "max_splits", "split_plan", "trt_sizes"]
+__all__ = ["BATCH_ROWS", "H200_SMS", "TORCH_SIZES", "SizeOps", "batch_form", "default_split_target",
+           "export_attrs", "key_blocks", "launch_config", "max_splits", "split_count", "split_plan",
+           "trt_sizes"]
 
-def launch_config(heads: int, dim: int, ieee: bool) -> dict:
+BATCH_ROWS = 32  # query rows from which wide heads take the batch form (batch_form)
+
+
+def launch_config(heads: int, dim: int, ieee: bool, rows: int | None = None) -> dict:
     """Block sizes and warps of csa2_sparse_attention_kernel, shared by the JIT launch, the AOT
     compile and the split form's attribute (block_keys = BLOCK_K). For head_dim 512 the H200
-    sweeps (docs/benchmarks.md) put 16 heads x 32 keys x 4 warps first, with one key block per
-    split at decode (20 splits: 7.4 us unpipelined; 2 blocks 10.5 us, 4 blocks 15.0 us, no split
-    28.5 us; 32 heads 10.1 us). At 64 rows 32 heads per program ran faster (75.6 us vs 83.1 us);
-    the AOT build shares this setting and decode is slower with it, so 16 stays."""
+    sweeps (docs/benchmarks.md) put 16 heads x 32 keys x 4 warps first at decode, with one key
+    block per split (20 splits: 7.4 us unpipelined; 2 blocks 10.5 us, 4 blocks 15.0 us, no split
+    28.5 us; 32 heads 10.1 us), and up to 8 rows. `rows` (the JIT launch's B*S; None: the AOT
+    build, whose batch is not known when it compiles) from BATCH_ROWS selects batch_form."""
     block_d = next_pow2(dim, 16)
     wide = block_d >= 256
+    if wide and batch_form(heads, dim, rows):
+        # all 64 heads in one program: the tensor cores' 64-row products (wgmma) instead of
+        # four 16-row programs each reading every key; 8 warps, 2 stages (128 KB of shared
+        # memory, one program per SM: split_count keeps the grid to one wave)
+        return {"BLOCK_H": 64, "BLOCK_K": 32, "BLOCK_D": block_d, "IEEE": ieee, "num_warps": 8,
+                "num_stages": 2}
     block_h = 16 if wide else min(next_pow2(heads, 16), 64)
     return {"BLOCK_H": block_h, "BLOCK_K": 32 if wide else 64, "BLOCK_D": block_d, "IEEE": ieee,
             "num_warps": 4}
+
+
+def batch_form(heads: int, dim: int, rows: int | None) -> bool:
+    """Whether `rows` query rows of `heads` x `dim` take launch_config's batch form: 64 heads of
+    256-512 dims from BATCH_ROWS rows. H200 sweep at 128K (bench_layer_batch.py --attn-configs,
+    2026-12-04; us, 16 heads x 4 warps against 64 heads x 8 warps x 2 stages with the best split):
+    8 rows 17.9 against 23.5, 32 rows 52.6 against 34.4 (3 splits), 64 rows 77.3 against 51.7
+    (2 splits)."""
+    return rows is not None and rows >= BATCH_ROWS and heads == 64 and 256 <= next_pow2(dim, 16) <= 512
+
+
+def split_count(rows: int, head_blocks: int, sms: int = H200_SMS) -> int:
+    """Key splits per row for the batch form: as many as keep rows x head blocks x splits within
+    one program per SM (its 128 KB of shared memory allow no second one), at least one. A second
+    wave cost more than the splits saved (64 rows: 2 splits 51.7 us, 5 splits 75.5)."""
+    return max(1, sms // (rows * head_blocks))
 
 
 def max_splits(dim: int) -> int:
