@@ -300,13 +300,14 @@ def test_sparse_attention_batch_form_rule():
     rows = attn_splits.BATCH_ROWS
     batch = attn_splits.launch_config(64, 512, False, rows=rows)
     assert (batch["BLOCK_H"], batch["BLOCK_K"], batch["num_warps"], batch["num_stages"]) == (64, 32, 8, 2)
+    assert attn_splits.launch_config(64, 512, False, rows=attn_splits.WIDE_KEYS_ROWS)["BLOCK_K"] == 64
     decode = attn_splits.launch_config(64, 512, False)
     assert decode == attn_splits.launch_config(64, 512, False, rows=rows - 1)
     assert (decode["BLOCK_H"], decode["num_warps"]) == (16, 4) and "num_stages" not in decode
     assert attn_splits.launch_config(40, 512, False, rows=64)["BLOCK_H"] == 16
     assert attn_splits.launch_config(64, 128, False, rows=64)["BLOCK_H"] == 64  # narrow heads: as before
     assert attn_splits.launch_config(64, 128, False, rows=64)["num_warps"] == 4
-    assert [attn_splits.split_count(r, 1, 132) for r in (32, 40, 64, 66, 67, 200)] == [4, 3, 2, 2, 1, 1]
+    assert [attn_splits.split_count(r, 1, 132) for r in (16, 32, 40, 64, 66, 67, 200)] == [8, 4, 3, 2, 2, 1, 1]
 
 
 def attention_case(gen, dtype, b, s, h, d, n, k, t):

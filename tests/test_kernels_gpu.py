@@ -141,9 +141,10 @@ def test_index_score_fp4_batch_launch_is_the_one_row_launch_bit_for_bit(gen):
     assert_kernel_matches(batch, index_ref.csa2_index_score_fp4, args, {}, BF16, "index scores fp4 batch")
 
 
-@pytest.mark.parametrize("s", [1, 3, 40, 67])
+@pytest.mark.parametrize("s", [1, 3, 20, 40, 67])
 def test_sparse_attention_flash_sizes(gen, s):
-    """Decode blocks (1, 3 rows) and the batch form (40 rows: 3 splits, 67: one)."""
+    """Decode blocks (1, 3 rows) and the batch form (20 rows: 32-key blocks, 6 splits; 40 rows:
+    64-key blocks, 3 splits; 67: one)."""
     args = attention_inputs(gen, s)
     poison_allocator()
     got = attn_kernel.csa2_sparse_attention(*cuda(*args))

@@ -19,9 +19,10 @@ from dsflash.plugins.sizes import H200_SMS, TORCH_SIZES, SizeOps, trt_sizes
 
 __all__ = ["BATCH_ROWS", "H200_SMS", "TORCH_SIZES", "SizeOps", "batch_form", "default_split_target",
            "export_attrs", "key_blocks", "launch_config", "max_splits", "split_count", "split_plan",
-           "trt_sizes"]
+           "trt_sizes", "WIDE_KEYS_ROWS"]
 
-BATCH_ROWS = 32  # query rows from which wide heads take the batch form (batch_form)
+BATCH_ROWS = 16  # query rows from which wide heads take the batch form (batch_form)
+WIDE_KEYS_ROWS = 24  # ... and from which its key blocks are 64 keys
 
 
 def launch_config(heads: int, dim: int, ieee: bool, rows: int | None = None) -> dict:
@@ -35,10 +36,11 @@ def launch_config(heads: int, dim: int, ieee: bool, rows: int | None = None) -> 
     wide = block_d >= 256
     if wide and batch_form(heads, dim, rows):
         # all 64 heads in one program: the tensor cores' 64-row products (wgmma) instead of
-        # four 16-row programs each reading every key; 8 warps, 2 stages (128 KB of shared
-        # memory, one program per SM: split_count keeps the grid to one wave)
-        return {"BLOCK_H": 64, "BLOCK_K": 32, "BLOCK_D": block_d, "IEEE": ieee, "num_warps": 8,
-                "num_stages": 2}
+        # four 16-row programs each reading every key; 8 warps, 2 stages (128-192 KB of shared
+        # memory, one program per SM: split_count keeps the grid to one wave). 64-key blocks
+        # keep more bytes in flight once each program has several of them.
+        return {"BLOCK_H": 64, "BLOCK_K": 64 if rows >= WIDE_KEYS_ROWS else 32, "BLOCK_D": block_d,
+                "IEEE": ieee, "num_warps": 8, "num_stages": 2}
     block_h = 16 if wide else min(next_pow2(heads, 16), 64)
     return {"BLOCK_H": block_h, "BLOCK_K": 32 if wide else 64, "BLOCK_D": block_d, "IEEE": ieee,
             "num_warps": 4}
@@ -46,17 +48,20 @@ def launch_config(heads: int, dim: int, ieee: bool, rows: int | None = None) -> 
 
 def batch_form(heads: int, dim: int, rows: int | None) -> bool:
     """Whether `rows` query rows of `heads` x `dim` take launch_config's batch form: 64 heads of
-    256-512 dims from BATCH_ROWS rows. H200 sweep at 128K (bench_layer_batch.py --attn-configs,
-    2026-12-04; us, 16 heads x 4 warps against 64 heads x 8 warps x 2 stages with the best split):
-    8 rows 17.9 against 23.5, 32 rows 52.6 against 34.4 (3 splits), 64 rows 77.3 against 51.7
-    (2 splits)."""
+    256-512 dims from BATCH_ROWS rows. H200 sweeps at 128K (bench_layer_batch.py --attn-configs,
+    2026-12-04), us, the decode blocks (16 heads x 32 keys, 4 warps) against the batch form
+    (64 heads, 8 warps, 2 stages, split_count's splits; 32 / 64-key blocks):
+    8 rows 17.5 against 18.0 (64 keys), 16 rows 37.0 against 21.4 / 23.2, 24 rows 43.5 against
+    24.5 / 22.3, 32 rows 52.2 against 29.3 / 28.6, 64 rows 77.2 against 51.7 / 44.1, 128 rows
+    130.6 against 76.4 / 62.2."""
     return rows is not None and rows >= BATCH_ROWS and heads == 64 and 256 <= next_pow2(dim, 16) <= 512
 
 
 def split_count(rows: int, head_blocks: int, sms: int = H200_SMS) -> int:
     """Key splits per row for the batch form: as many as keep rows x head blocks x splits within
-    one program per SM (its 128 KB of shared memory allow no second one), at least one. A second
-    wave cost more than the splits saved (64 rows: 2 splits 51.7 us, 5 splits 75.5)."""
+    one program per SM (its shared memory allows no second one), at least one. A second wave
+    cost more than the splits saved (64 rows, 32-key blocks: 2 splits 51.9 us, 4 splits 60.5;
+    128 rows, 64-key blocks: 1 split 62.2 us, 2 splits 84.4)."""
     return max(1, sms // (rows * head_blocks))
 
 
