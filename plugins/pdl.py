@@ -69,7 +69,6 @@ def pdl_kernel_specs() -> dict:
     from dsflash.plugins.csa2_sparse_attention import trt as attention_trt
     from dsflash.plugins.csa2_sparse_attention import trt_split as attention_split_trt
     from dsflash.plugins.stable_topk import kernel as topk
-    from dsflash.plugins.stable_topk import row_program
 
     def constants(cfg: dict) -> dict:
         return {k: v for k, v in cfg.items() if k != "num_warps"}
@@ -89,8 +88,6 @@ def pdl_kernel_specs() -> dict:
                 "PAD": "i32", "out_ptr": "*i32"}
     picks_sig = {"vals_ptr": "*fp32", "pos_ptr": "*i64", "entries_ptr": "*i32", "K": "i32", "P": "i32",
                  "W": "i32", "out_ptr": "*i64"}
-    row_sig = {"scores_ptr": "*fp32", "N": "i32", "k": "i32", "sel": "*u64", "vals_ptr": "*fp32",
-               "idx_ptr": "*i64"}
     return {
         "index_pooled": (pooled.csa2_index_score_pooled_kernel, pooled_sig,
                          index_consts | constants(index.pipelined_launch())),
@@ -99,8 +96,6 @@ def pdl_kernel_specs() -> dict:
                         {"SEG": 4096}),
         "pool_list": (pool_list.pool_entry_list_kernel, list_sig, {"SEG": 4096, "SEGS_P2": 32}),
         "listed_picks": (pool_list.listed_picks_kernel, picks_sig, {"BLOCK": 512}),
-        "topk_row_program": (row_program.radix_row_kernel, row_sig,
-                             {"KP": 512, "BITS": 8, "CHUNK": 2048, "RANK_BLOCK": 32, "CMP_BLOCK": 256}),
         "index": (index.csa2_index_score_kernel, index_sig, index_consts),
         "index_pipelined": (index.csa2_index_score_kernel, index_sig,
                             index_consts | constants(index.pipelined_launch())),

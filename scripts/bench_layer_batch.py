@@ -183,17 +183,13 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
 
 def topk_settings(chunks: list[int], digits: list[tuple]) -> dict:
     """Label -> StableTopkLauncher overrides: each chunk with 4 warps, 4 warps without the idle
-    skip and 8 warps, and as the step of the one-program-per-row form (ROW_PROGRAM, 4 and 8 warps);
-    each digit split (widths of the passes, most significant first) with the launcher's own
-    chunk."""
+    skip and 8 warps; each digit split (widths of the passes, most significant first) with the
+    launcher's own chunk."""
     out = {}
     for chunk in chunks:
         for warps, skip in ((4, True), (4, False), (8, True)):
             out[f"chunk {chunk} warps {warps}{'' if skip else ' no skip'}"] = {
                 "CHUNK": chunk, "num_warps": warps, "SKIP_IDLE": skip}
-        for warps in (4, 8):
-            out[f"row program chunk {chunk} warps {warps}"] = {"ROW_PROGRAM": True, "CHUNK": chunk,
-                                                               "num_warps": warps}
     for split in digits:
         out["digits " + "-".join(map(str, split))] = {"DIGITS": split}
     return out

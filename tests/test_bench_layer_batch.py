@@ -74,10 +74,6 @@ def test_sweep_settings_spell_out_the_launches(bench):
     assert settings == {"chunk 2048 warps 4": {"CHUNK": 2048, "num_warps": 4, "SKIP_IDLE": True},
                         "chunk 2048 warps 4 no skip": {"CHUNK": 2048, "num_warps": 4, "SKIP_IDLE": False},
                         "chunk 2048 warps 8": {"CHUNK": 2048, "num_warps": 8, "SKIP_IDLE": True},
-                        "row program chunk 2048 warps 4": {"ROW_PROGRAM": True, "CHUNK": 2048,
-                                                           "num_warps": 4},
-                        "row program chunk 2048 warps 8": {"ROW_PROGRAM": True, "CHUNK": 2048,
-                                                           "num_warps": 8},
                         "digits 4-4-8-8-8": {"DIGITS": (4, 4, 8, 8, 8)}}
     assert bench.parse_attn_configs("16:32:4:3,64:16:8:2:5") == [
         {"BLOCK_H": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3},

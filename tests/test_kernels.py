@@ -600,34 +600,6 @@ def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk, digits):
             assert torch.count_nonzero(ws["counter"]) == 0 and torch.count_nonzero(ws["hist"]) == 0
 
 
-@pytest.mark.parametrize("rows,n,k,chunk,bits", [(3, 50, 4, 16, 8), (2, 300, 8, 64, 4),
-                                                 (1, 1000, 130, 128, 8), (2, 5, 8, 16, 8),
-                                                 (2, 700, 1, 256, 8), (1, 64, 64, 16, 4)])
-def test_stable_topk_row_program_is_exact(gen, rows, n, k, chunk, bits):
-    """The one-program-per-row form (ROW_PROGRAM) gives the stable sort's bits as the six-launch
-    form does: ties across chunks, -inf / +inf, a row all -inf, k > N, k = 1, k = N, 8- and 4-bit
-    digits, twice on one launcher, leading dimensions; a digit width that does not tile the key
-    is refused by name."""
-    from dsflash.plugins.stable_topk import kernel as topk_kernel
-    from dsflash.plugins.stable_topk import reference as topk_ref
-
-    scores = torch.relu(torch.randn(rows, 1, n, generator=gen)).round(decimals=1)
-    scores[0, 0, ::7] = float("-inf")
-    scores[-1, 0, 3] = float("inf")
-    if rows > 2:
-        scores[1] = float("-inf")
-    launcher = topk_kernel.StableTopkLauncher(overrides={"ROW_PROGRAM": True, "CHUNK": chunk,
-                                                         "ROW_BITS": bits})
-    want_v, want_i = topk_ref.stable_topk(scores, k)
-    for _ in range(2):
-        got_v, got_i = launcher(*_dev(scores), k)
-        assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
-    with pytest.raises(ValueError, match="ROW_BITS 5 is not 4 or 8"):
-        topk_kernel.StableTopkLauncher(overrides={"ROW_PROGRAM": True, "ROW_BITS": 5})(*_dev(scores), k)
-    with pytest.raises(ValueError, match="CHUNK 100 is not a power of two"):
-        topk_kernel.StableTopkLauncher(overrides={"ROW_PROGRAM": True, "CHUNK": 100})(*_dev(scores), k)
-
-
 @pytest.mark.parametrize("regs, warps, shared, want", [
     (128, 4, 50_000, 4 * 132),   # registers and shared memory both allow 4 per SM
     (24, 4, 0, 16 * 132),        # threads: 2048 / 128 (registers would allow 21)

@@ -306,20 +306,20 @@ def test_cuda_graph_decode_with_kernels_gives_reference_tokens(tiny_cfg, gen):
     assert runs["torch-triton"] == runs["torch"]
 
 
-@pytest.mark.parametrize("pdl,row_program", [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize("pdl", [True, False])
 @pytest.mark.parametrize("rows,n,k", [(1, 131072, 512), (4, 65536, 512), (1, 16384, 2048), (2, 3000, 512),
                                       (64, 16384, 512)])
-def test_stable_topk_flash_sizes(gen, rows, n, k, pdl, row_program):
+def test_stable_topk_flash_sizes(gen, rows, n, k, pdl):
     """Bit-exact against the stable sort at decode sizes, with many exact ties (ReLU zeros), with
-    programmatic dependent launch (the default on sm_90) and without, and in the one-program-per-
-    row form (64 rows of 16K: a Reindex layer's listed pools at a decode batch)."""
+    programmatic dependent launch (the default on sm_90) and without (64 rows of 16K: a Reindex
+    layer's listed pools at a decode batch)."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
     scores = torch.relu(torch.randn(rows, n, generator=gen))
     scores[:, : n // 3] = float("-inf")
     want_v, want_i = topk_ref.stable_topk(scores, k)
-    launcher = topk_kernel.StableTopkLauncher(overrides={"PDL": pdl, "ROW_PROGRAM": row_program})
+    launcher = topk_kernel.StableTopkLauncher(overrides={"PDL": pdl})
     for _ in range(2):
         poison_allocator()
         got_v, got_i = launcher(scores.cuda(), k)

@@ -102,19 +102,12 @@ def _narrowed(hist, state, row, PREV: tl.constexpr, PREV_BITS: tl.constexpr, HIS
     k_rem = tl.load(state + (row * PASSES + PREV) * 2 + 1, cache_modifier=".cg")
     b = tl.arange(0, 1 << PREV_BITS)
     tot = tl.load(hist + (row * PASSES + PREV) * HIST_BINS + b, cache_modifier=".cg")
-    return narrow_by_digit(tot, b, prefix, k_rem, PREV_BITS)
-
-
-@triton.jit
-def narrow_by_digit(hist, b, prefix, k_rem, BITS: tl.constexpr):
-    """The digit b whose bin of `hist` (a pass's histogram of the entries in play) holds the
-    k_rem-th best of them: (prefix extended by it, the count still to find among its entries)."""
-    at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # entries with digit >= b
-    above = at_or_above - hist
+    at_or_above = tl.sum(tot, axis=0) - tl.cumsum(tot, axis=0) + tot  # entries with digit >= b
+    above = at_or_above - tot
     pick = (above < k_rem) & (at_or_above >= k_rem)
     d = tl.max(tl.where(pick, b, -1), axis=0)
     above_d = tl.sum(tl.where(b == d, above, 0), axis=0)
-    return (prefix << BITS) | d.to(tl.int64), k_rem - above_d.to(tl.int64)
+    return (prefix << PREV_BITS) | d.to(tl.int64), k_rem - above_d.to(tl.int64)
 
 
 @triton.jit
@@ -222,8 +215,7 @@ class StableTopkLauncher(LauncherBase):
     """Holds the histograms, states, slot counters and selection buffers (self-clearing, so the
     launches capture into a CUDA graph); one instance per device/stream, calls on it must not
     overlap. Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K, RANK_BLOCK, CMP_BLOCK, PDL
-    (False: plain launches), SKIP_IDLE (False: every program of a digit pass builds its histogram),
-    ROW_PROGRAM (True: one program per row, row_program.py, with ROW_BITS)."""
+    (False: plain launches), SKIP_IDLE (False: every program of a digit pass builds its histogram)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
 
@@ -262,16 +254,6 @@ class StableTopkLauncher(LauncherBase):
             # 32-bit indices: past those, the sort
             return stable_topk_reference(scores, k)
         passes = digit_passes(tuple(self._overrides.get("DIGITS", DIGITS)))
-        if self._overrides.get("ROW_PROGRAM", False):  # one program per row (row_program.py)
-            from dsflash.plugins.stable_topk.row_program import row_program_launch
-
-            flat = scores.contiguous().view(rows, n)
-            vals = torch.empty(rows, k_out, dtype=torch.float32, device=scores.device)
-            idx = torch.empty(rows, k_out, dtype=torch.int64, device=scores.device)
-            sel = self._workspace(scores.device, rows, 1, kp, passes)["sel"]
-            row_program_launch(flat, n, k_out, sel, vals, idx, self._overrides,
-                               pdl_launch_args(scores.device, self._overrides))
-            return vals.view(*lead, k_out), idx.view(*lead, k_out)
         # 512-entry chunks (H200 at 128K: 14.3 us, 1K 15.4 in session 9; 23.7 / 25.4 / 28.8 us for
         # 512 / 1K / 2K before the rank pass); they grow for very long rows, so a row has at most
         # MAX_PROGRAMS, and for many rows (batch_chunk)
