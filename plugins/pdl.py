@@ -62,7 +62,7 @@ def pdl_kernel_specs() -> dict:
     """The kernels that launch with PDL, each as (kernel, signature, constants) at the release
     sizes (bf16; launch parameters from each launcher's launch_config), for
     scripts/check_pdl_ptx.py."""
-    from dsflash.plugins.csa2_index_score import fp4_mma, pool_list, pooled
+    from dsflash.plugins.csa2_index_score import fp4_mma, pool_list, pooled, pooled_fp4
     from dsflash.plugins.csa2_index_score import kernel as index
     from dsflash.plugins.csa2_index_score import trt as index_trt
     from dsflash.plugins.csa2_sparse_attention import kernel as attention
@@ -71,7 +71,7 @@ def pdl_kernel_specs() -> dict:
     from dsflash.plugins.stable_topk import kernel as topk
 
     def constants(cfg: dict) -> dict:
-        return {k: v for k, v in cfg.items() if k != "num_warps"}
+        return {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
 
     bf16 = torch.bfloat16
     index_sig = index_trt.kernel_signature(bf16)
@@ -102,6 +102,12 @@ def pdl_kernel_specs() -> dict:
         "index_fp4": (index.csa2_index_score_fp4_kernel, fp4_sig, index_consts),
         "index_fp4_mma": (fp4_mma.csa2_index_score_fp4_mma_kernel, fp4_sig,
                           {"I": 32, "J": 128, "JP": 128, "BLOCK_N": 64, "BLOCKS": 4, "ASM": True}),
+        "index_fp4_pooled": (pooled_fp4.csa2_index_score_fp4_pooled_kernel,
+                             {"q_ptr": index_sig["q_ptr"], "w_ptr": index_sig["w_ptr"], "codes_ptr": "*u8",
+                              "exps_ptr": "*i32", "entries_ptr": "*i32", "S": "i32", "N": "i32", "P": "i32",
+                              "out_ptr": "*fp32"},
+                             {"I": 32, "J": 128, "JP": 128, "BLOCK_N": 128, "BLOCKS": 16, "STAGES": 3,
+                              "ASM": True, "EXP_WORDS": True}),
         "topk_digit_pass": (topk.radix_digit_pass_kernel, topk_sig,
                             {"SHIFT": 8, "BITS": 8, "PASS": 2, "PREV_BITS": 8, "LAST": False, "CHUNK": 512,
                              "HIST_BINS": 256, "PASSES": 4}),
@@ -111,6 +117,9 @@ def pdl_kernel_specs() -> dict:
                       {"KP": 512, "RANK_BLOCK": 4, "CMP_BLOCK": 256, "HIST_BINS": 256, "PASSES": 4}),
         "attention_split": (attention.csa2_sparse_attention_kernel, attention_trt.kernel_signature(bf16),
                             {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True} | attn_cfg),
+        "attention_batch": (attention.csa2_sparse_attention_kernel, attention_trt.kernel_signature(bf16),
+                            {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True}
+                            | constants(attention.launch_config(64, 512, bf16, rows=64))),
         "attention_combine": (attention.csa2_attention_combine_kernel,
                               attention_split_trt.combine_signature(bf16),
                               {"H": 64, "D": 512, "NSP": 32, "BLOCK_D": attn_cfg["BLOCK_D"]}),

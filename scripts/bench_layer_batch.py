@@ -10,8 +10,8 @@ Per batch and context, with the released sizes (64 heads x 512, index 32 x 128, 
   index keys (68 B per entry, `csa2_index_score_fp4`); Reindex over the pool as a mask (the index
   kernel skips unpooled keys, the top-k ranks all entries) and as a list (OpSet("triton")'s form:
   only the pooled entries are scored and ranked, csa2_index_score_pooled; listing the pool is once
-  per step for all its Reindex layers, timed apart); Reuse (attention over another layer's
-  selection);
+  per step for all its Reindex layers, timed apart), the list also over the FP4 keys
+  (csa2_index_score_fp4_pooled); Reuse (attention over another layer's selection);
 - each kernel alone and its fraction of its own roofline (counted bytes at the measured copy
   bandwidth); the top-k's bytes are one read of its scores and its k outputs per row;
 - the dense roofline: every row's uncompressed KV (ctx x 512 bf16) read once, and the layers'
@@ -65,15 +65,17 @@ from dsflash.model.quant import fp4_pow2_pack
 from dsflash.plugins.csa2_index_score import kernel as index_kernel
 from dsflash.plugins.csa2_index_score.pool_list import listed_picks, pool_entry_list
 from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
+from dsflash.plugins.csa2_index_score.pooled_fp4 import csa2_index_score_fp4_pooled
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
 from dsflash.plugins.stable_topk.kernel import StableTopkLauncher, digit_passes
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
 log = logging.getLogger("bench_layer_batch")
-LAYERS = ("full", "full_fp4", "reindex", "reindex_listed", "reuse")
+LAYERS = ("full", "full_fp4", "reindex", "reindex_listed", "reindex_listed_fp4", "reuse")
 # the speed-up over the dense roofline issue 5 asks of each layer
-TARGETS = {"full": 3.0, "full_fp4": 3.0, "reindex": 15.0, "reindex_listed": 15.0, "reuse": 15.0}
-INDEX_KERNELS = ("index", "index_fp4", "index_reindex", "index_listed")
+TARGETS = {"full": 3.0, "full_fp4": 3.0, "reindex": 15.0, "reindex_listed": 15.0, "reindex_listed_fp4": 15.0,
+           "reuse": 15.0}
+INDEX_KERNELS = ("index", "index_fp4", "index_reindex", "index_listed", "index_listed_fp4")
 
 
 def layer_bytes(batch: int, ctx: int, pooled: int) -> dict:
@@ -87,6 +89,9 @@ def layer_bytes(batch: int, ctx: int, pooled: int) -> dict:
         "index_reindex": index_bytes(batch, ctx, pooled),
         # the listed pool: each id (4 B), its key and its score; the queries and head weights
         "index_listed": batch * (pooled * (INDEX_DIM * 2 + 8) + INDEX_HEADS * (INDEX_DIM * 2 + 4)),
+        # the same over FP4 keys: 64 B of codes and 4 exponents per entry
+        "index_listed_fp4": batch * (pooled * (INDEX_DIM // 2 + INDEX_DIM // 32 + 8)
+                                     + INDEX_HEADS * (INDEX_DIM * 2 + 4)),
         "topk": batch * (4 * ctx + TOPK * 12),
         "topk_listed": batch * (4 * pooled + TOPK * 12),
         # the mask read, the ids written (once per step for every Reindex layer of the pool)
@@ -131,13 +136,15 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
     def index(kind):
         if kind == "reindex_listed":
             return csa2_index_score_pooled(x["iq"], x["iw"], x["ik"], x["list"])
+        if kind == "reindex_listed_fp4":
+            return csa2_index_score_fp4_pooled(x["iq"], x["iw"], x["codes"], x["exps"], x["list"])
         if kind == "full_fp4":
             return index_kernel.csa2_index_score_fp4(x["iq"], x["iw"], x["codes"], x["exps"], x["all"])
         visible = x["pool" if kind == "reindex" else "all"]
         return index_kernel.csa2_index_score(x["iq"], x["iw"], x["ik"], visible)
 
     def select(kind):
-        if kind == "reindex_listed":
+        if kind in ("reindex_listed", "reindex_listed_fp4"):
             return select_listed_topk(index(kind), x["list"], TOPK, ctx, topk=topk, picks=listed_picks)
         return topk(index(kind), TOPK)[1]
 
@@ -161,8 +168,13 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
     out["listed_same_selection"] = torch.equal(select("reindex_listed"), want)
     if not out["listed_same_selection"]:
         log.warning("the listed Reindex picks differ from the mask form's (batch %d, %d entries)", batch, ctx)
+    fp4_pool_scores = index_kernel.csa2_index_score_fp4(x["iq"], x["iw"], x["codes"], x["exps"], x["pool"])
+    want_fp4 = select_topk(fp4_pool_scores, TOPK, topk=topk)
+    out["listed_fp4_same_selection"] = torch.equal(select("reindex_listed_fp4"), want_fp4)
+    if not out["listed_fp4_same_selection"]:
+        log.warning("the listed FP4 Reindex picks differ from the FP4 mask form's (batch %d)", batch)
     k = out["kernel_us"]
-    for kind, name in zip(("full", "full_fp4", "reindex", "reindex_listed"), INDEX_KERNELS):
+    for kind, name in zip(LAYERS[:-1], INDEX_KERNELS):  # every layer but Reuse has an index kernel
         k[name] = 1e3 * time_ms(lambda kind=kind: index(kind), graph=True)
     k["topk"] = 1e3 * time_ms(lambda: topk(scores, TOPK), graph=True)
     listed = index("reindex_listed")
@@ -241,6 +253,22 @@ def fp4_sweep(batch: int, ctx: int, gen: torch.Generator, configs: list[dict]) -
                         label, diff / scale)
         us = 1e3 * time_ms(lambda over=over: scores(over), graph=True)
         out[label] = {"us": us, "max_rel_diff": diff / scale}
+    # the listed pool's FP4 kernel (pooled_fp4.py: the same products, ids from the list) under the
+    # same settings, against its own launch default
+    listed_args = (x["iq"], x["iw"], x["codes"], x["exps"], x["list"])
+    want = csa2_index_score_fp4_pooled(*listed_args)
+    for cfg in configs:
+        if cfg.get("PATH") == "decode":
+            continue
+        label = "listed " + (" ".join(f"{k} {v}" for k, v in cfg.items()) or "default")
+        got = csa2_index_score_fp4_pooled(*listed_args, overrides=cfg)
+        diff = (got - want).abs().nan_to_num(0.0).max().item()
+        if diff:
+            log.warning("listed FP4 index with %s differs from its default launch by %.3g", label,
+                        diff / scale)
+        us = 1e3 * time_ms(lambda cfg=cfg: csa2_index_score_fp4_pooled(*listed_args, overrides=cfg),
+                           graph=True)
+        out[label] = {"us": us, "max_rel_diff": diff / scale}
     return out
 
 
@@ -296,7 +324,8 @@ def parse_attn_configs(text: str) -> list[dict]:
     for item in filter(None, text.split(",")):
         parts = item.split(":")
         if len(parts) not in (4, 5) or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise ValueError(f"attention config {item!r} is not BLOCK_H:BLOCK_K:num_warps:num_stages[:SPLITS]")
+            raise ValueError(f"attention config {item!r} is not "
+                             "BLOCK_H:BLOCK_K:num_warps:num_stages[:SPLITS]")
         bh, bk, warps, stages = map(int, parts[:4])
         cfg = {"BLOCK_H": bh, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
         configs.append(cfg | ({"n_split": int(parts[4])} if len(parts) == 5 else {}))
@@ -307,9 +336,9 @@ def report(res: dict) -> str:
     head = (f"{res['gpu']}  torch {res['torch']}  triton {res['triton']}  {res['date']}  "
             f"copy {res['bw_GBps']:.0f} GB/s")
     columns = ("| batch | context | dense roofline | Full (bf16 keys) | Full (FP4 keys) | Reindex (mask) | "
-               "Reindex (list) | Reuse | index / FP4 / pool mask / pool list | top-k / list | attention | "
-               "listing the pool (per step) |")
-    lines = [head, columns, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+               "Reindex (list) | Reindex (list, FP4 keys) | Reuse | index / FP4 / pool mask / pool list / "
+               "pool list FP4 | top-k / list | attention | listing the pool (per step) |")
+    lines = [head, columns, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for case in res["cases"]:
         lay, x, f, ku = case["layer_us"], case["x_dense"], case["roofline_fraction"], case["kernel_us"]
         cells = [f"{lay[kind]:.1f} us ({x[kind]:.1f}x{'' if x[kind] >= TARGETS[kind] else ' <'})"
@@ -375,10 +404,15 @@ def main() -> None:
         for c in contexts:
             for b in batches:
                 case = res["fp4_sweep"][f"batch {b} ctx {c}"] = fp4_sweep(b, c, gen, fp4_configs)
-                roof = index_bytes(b, c, c, fp4=True) / bw / 1e3
+                pooled = min(CAND_BLOCKS, c // CAND_BLOCK) * CAND_BLOCK
+                roof = {"mask": index_bytes(b, c, c, fp4=True) / bw / 1e3,
+                        "listed": layer_bytes(b, c, pooled)["index_listed_fp4"] / bw / 1e3}
                 (out / "fp4_sweep.json").write_text(json.dumps(res, indent=1))
-                times = (f"{k} {v['us']:.1f} us ({100 * roof / v['us']:.0f}%)" for k, v in case.items())
-                log.info("batch %d ctx %d (roofline %.1f us): %s", b, c, roof, ", ".join(times))
+                times = (f"{k} {v['us']:.1f} us "
+                         f"({100 * roof['listed' if k.startswith('listed') else 'mask'] / v['us']:.0f}%)"
+                         for k, v in case.items())
+                log.info("batch %d ctx %d (rooflines %.1f / %.1f us): %s", b, c, roof["mask"], roof["listed"],
+                         ", ".join(times))
     if attn_configs:
         res["attn_sweep"] = {}
         for c in contexts:

@@ -109,6 +109,40 @@ def test_index_score_pooled_kernel(gen, dtype, b, s, i, j, n, p, over):
         pooled_kernel.csa2_index_score_pooled(*_dev(q, w, k, entries[:, :, None]))
 
 
+@pytest.mark.parametrize("over", [{}, {"STAGES": 2, "BLOCKS": 3, "BLOCK_N": 32}, {"EXP_WORDS": False}],
+                         ids=["branch", "pipelined", "exponent_bytes"])
+@pytest.mark.parametrize("b,s,i,j,n,p", [(2, 3, 16, 128, 150, 140), (1, 2, 32, 96, 90, 37)])
+def test_index_score_fp4_pooled_kernel(gen, b, s, i, j, n, p, over):
+    """Scores of a listed pool over FP4 keys (pooled_fp4.py: the FP8 tensor-core products of a
+    listed entry's key). Queries with 8 significant bits within 2^8 of their head's largest, so
+    the interpreter's exact FP8 products meet the fp32 bound (as the mask form's test); ids as in
+    the bf16 pooled test: -1 padding, ids past N, a row listing nothing, a block of padding."""
+    from dsflash.plugins.csa2_index_score import pooled_fp4
+
+    dtype = torch.float32 if interpreting() else torch.bfloat16
+    mag = torch.randint(1, 256, (b, s, i, j), generator=gen) / 64.0
+    q = (mag * torch.where(torch.rand(b, s, i, j, generator=gen) < 0.5, -1.0, 1.0)).to(dtype)
+    w = torch.randn(b, s, i, generator=gen)
+    codes, exps = fp4_pow2_pack(torch.randn(b, n, j, generator=gen) * torch.logspace(-4, 4, n).view(1, n, 1))
+    entries = torch.randint(0, n, (b, s, p), generator=gen).sort(dim=-1).values.int()
+    entries[0, -1, p // 3:] = -1
+    entries[-1, 0, :3] = torch.tensor([n, n + 7, -5])
+    entries[0, 0] = -1
+    args = (q, w, codes, exps, entries)
+    got = pooled_fp4.csa2_index_score_fp4_pooled(*_dev(*args), overrides=over)
+    assert_kernel_matches(got, index_ref.csa2_index_score_fp4_pooled, args, {}, dtype,
+                          f"Csa2IndexScore(fp4, pooled, {over})")
+    assert torch.equal(pooled_fp4.csa2_index_score_fp4_pooled(*_dev(q, w, codes, exps, entries.long()),
+                                                              overrides=over), got)
+    with pytest.raises(ValueError, match="power-of-two head count >= 16, got 12"):
+        pooled_fp4.csa2_index_score_fp4_pooled(*_dev(q[:, :, :12], w[:, :, :12], codes, exps, entries))
+    other = torch.float64 if interpreting() else torch.float32
+    with pytest.raises(ValueError, match=f"q has dtype {other}"):
+        pooled_fp4.csa2_index_score_fp4_pooled(*_dev(q.to(other), w, codes, exps, entries))
+    with pytest.raises(ValueError, match="entries has shape"):
+        pooled_fp4.csa2_index_score_fp4_pooled(*_dev(q, w, codes, exps, entries[:, :1]))
+
+
 @pytest.mark.parametrize("n,size,chunk", [(300, 200, 64), (300, 40, 128), (5, 9, 16), (1000, 1000, 256),
                                           (70, 600, 16)])
 def test_pool_entry_list_kernel_is_exact(gen, n, size, chunk):

@@ -95,6 +95,33 @@ def test_listed_pool_scores_and_picks_flash_sizes(gen, rows):
     assert torch.equal(csa2_ops.select_listed_topk(got, entries.cuda(), 512, n, topk=topk), want)
 
 
+@pytest.mark.parametrize("over", [{}, {"BLOCK_N": 128, "BLOCKS": 16, "STAGES": 3}], ids=["branch", "pipelined"])
+def test_listed_pool_fp4_scores_flash_sizes(gen, over):
+    """The listed pool over the release's FP4 keys (pooled_fp4.py), 12 rows of 16,411 entries,
+    512 blocks of 8 listed: meets the reference, and gives the mask form's FP8-path bits at every
+    listed entry (the same per-entry products in the same order)."""
+    from dsflash.model import csa2_ops
+    from dsflash.model.quant import fp4_pow2_pack
+    from dsflash.plugins.csa2_index_score.pooled_fp4 import csa2_index_score_fp4_pooled
+
+    rows, n, block, kept = 12, 16411, 8, 512
+    q = torch.randn(rows, 1, 32, 128, generator=gen).to(BF16)
+    w = torch.randn(rows, 1, 32, generator=gen)
+    codes, exps = fp4_pow2_pack(torch.randn(rows, n, 128, generator=gen))
+    blocks = -(-n // block)
+    picks = torch.rand(rows, blocks, generator=gen).argsort(dim=1)[:, :kept]
+    pool = torch.zeros(rows, blocks, dtype=torch.bool).scatter(1, picks, True)
+    member = pool.repeat_interleave(block, dim=1)[:, :n].view(rows, 1, n)
+    entries = csa2_ops.pool_entry_list(member, kept * block)
+    args = (q, w, codes, exps, entries)
+    poison_allocator()
+    got = csa2_index_score_fp4_pooled(*cuda(*args), overrides=over)
+    assert_kernel_matches(got, index_ref.csa2_index_score_fp4_pooled, args, {}, BF16, "pooled fp4 index score")
+    masked = index_kernel.csa2_index_score_fp4(*cuda(q, w, codes, exps, member), overrides={"PATH": "mma"})
+    listed = entries.cuda() >= 0
+    assert torch.equal(got[listed], masked.gather(2, entries.cuda().long().clamp_min(0))[listed])
+
+
 FP4_LAUNCHES = {"decode": {"PATH": "decode"}, "mma": {"PATH": "mma"},
                 "mma_pipelined": {"PATH": "mma", "BLOCK_N": 128, "BLOCKS": 16, "STAGES": 3, "num_warps": 8},
                 "mma_exponent_bytes": {"PATH": "mma", "EXP_WORDS": False, "STAGES": 2}}

@@ -91,6 +91,16 @@ def _query_parts(q_ptr, row, I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr)
 
 
 @triton.jit
+def program_queries(q_ptr, w_ptr, S, I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr):
+    """A program's query row (grid axis 0 = B * S rows): (row, its batch index b, the query split
+    as _query_parts makes it, the head weights times a_h (a_h > 0 passes through the ReLU))."""
+    row = tl.program_id(0).to(tl.int64)
+    q_hi, q_lo, inv_a, ii = _query_parts(q_ptr, row, I, J, JP)
+    w = tl.load(w_ptr + row * I + ii).to(tl.float32) / inv_a
+    return row, row // S, q_hi, q_lo, w
+
+
+@triton.jit
 def _exponent(exps_ptr, entry, live, g, G: tl.constexpr, EXP_WORDS: tl.constexpr):
     """Scale group g's int8 exponent per entry [BLOCK_N] (int32). EXP_WORDS: the exponents viewed
     as int32 words (four per word, little-endian), one 32-bit load per word instead of one byte
@@ -155,10 +165,7 @@ def csa2_index_score_fp4_mma_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, vis_ptr, 
     whole-sector L2 requests (ncu found the L2 tag lookups 78% busy): 340.7 us, 333.2 under a
     128-register cap, 56.9 / 44.2 against 46.3 us at 8 rows."""
     wait_for_earlier_grids(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    b = row // S
-    q_hi, q_lo, inv_a, ii = _query_parts(q_ptr, row, I, J, JP)
-    w = tl.load(w_ptr + row * I + ii).to(tl.float32) / inv_a  # a_h > 0 passes through the ReLU
+    row, b, q_hi, q_lo, w = program_queries(q_ptr, w_ptr, S, I, J, JP)
     first = tl.program_id(1) * BLOCKS
     last = tl.minimum(first + BLOCKS, tl.cdiv(N, BLOCK_N))
     if STAGES == 0:

@@ -273,16 +273,10 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     `overrides` replaces launch parameters (PATH "mma" or "decode", BLOCK_N, BLOCKS, STAGES,
     EXP_WORDS, num_warps, maxnreg: benchmark sweeps, tests)."""
     op = "Csa2IndexScore(fp4)"
-    check_shape(op, "q", q_BSIJ, (None, None, None, None))
+    n = check_fp4_keys(op, q_BSIJ, codes_BNH, exps_BNG)
     b, _, _, j = q_BSIJ.shape
-    require(j % 32 == 0, f"{op}: index_head_dim {j} is not a multiple of 32 (one scale per 32 channels)")
-    check_shape(op, "codes", codes_BNH, (b, None, j // 2))
-    n = codes_BNH.shape[1]
-    check_shape(op, "exps", exps_BNG, (b, n, j // 32))
     _check(op, q_BSIJ, w_BSI, n, visible_BSN)
     check_dtype(op, "q", q_BSIJ, (torch.bfloat16, torch.float16, torch.float32))
-    check_dtype(op, "codes", codes_BNH, (torch.uint8,))
-    check_dtype(op, "exps", exps_BNG, (torch.int8,))
     check_device(op, q=q_BSIJ, w=w_BSI, codes=codes_BNH, exps=exps_BNG, visible=visible_BSN)
     check_interpreter_dot(op, q=q_BSIJ)
     over = dict(overrides or {})
@@ -307,19 +301,38 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
         return out
     pdl = pdl_launch_args(q.device, {"PDL": over.pop("PDL", True)})
     cfg = fp4_mma_config(b * q.shape[1], n, q.device) | over
-    exps = exps_BNG.contiguous()
-    # four exponents per 32-bit load where they pack into whole words (J = 128: one per entry)
-    words = (j // 32) % 4 == 0 and exps.storage_offset() % 4 == 0
-    cfg.setdefault("EXP_WORDS", words)
-    require(words or not cfg["EXP_WORDS"], f"{op}: EXP_WORDS needs J / 32 = {j // 32} exponents per entry "
-            "to be a multiple of 4 and a 4-byte aligned exps tensor")
-    if cfg["EXP_WORDS"]:
-        exps = exps.view(torch.int32)
+    exps = exponent_words(op, exps_BNG, j, cfg)
     grid = (b * q.shape[1], cdiv(cdiv(n, cfg["BLOCK_N"]), cfg["BLOCKS"]))
     csa2_index_score_fp4_mma_kernel[grid](q, w, codes_BNH.contiguous(), exps, vis, q.shape[1], n, out,
                                           I=heads, J=j, JP=next_pow2(j), ASM=not interpreting(), **cfg,
                                           **pdl)
     return out
+
+
+def check_fp4_keys(op: str, q_BSIJ: torch.Tensor, codes_BNH: torch.Tensor, exps_BNG: torch.Tensor) -> int:
+    """FP4 keys as model/quant.py:fp4_pow2_pack stores them, for queries [B, S, I, J]: codes
+    [B, N, J/2] uint8, exponents [B, N, J/32] int8, J a multiple of 32. Returns N."""
+    check_shape(op, "q", q_BSIJ, (None, None, None, None))
+    b, _, _, j = q_BSIJ.shape
+    require(j % 32 == 0, f"{op}: index_head_dim {j} is not a multiple of 32 (one scale per 32 channels)")
+    check_shape(op, "codes", codes_BNH, (b, None, j // 2))
+    n = codes_BNH.shape[1]
+    check_shape(op, "exps", exps_BNG, (b, n, j // 32))
+    check_dtype(op, "codes", codes_BNH, (torch.uint8,))
+    check_dtype(op, "exps", exps_BNG, (torch.int8,))
+    return n
+
+
+def exponent_words(op: str, exps_BNG: torch.Tensor, j: int, cfg: dict) -> torch.Tensor:
+    """The FP8 path's exponents: viewed as int32 words, four exponents per 32-bit load, where they
+    pack into whole words (J = 128: one word per entry); cfg["EXP_WORDS"] set to the choice (an
+    override of True is refused where they do not pack)."""
+    exps = exps_BNG.contiguous()
+    words = (j // 32) % 4 == 0 and exps.storage_offset() % 4 == 0
+    cfg.setdefault("EXP_WORDS", words)
+    require(words or not cfg["EXP_WORDS"], f"{op}: EXP_WORDS needs J / 32 = {j // 32} exponents per entry "
+            "to be a multiple of 4 and a 4-byte aligned exps tensor")
+    return exps.view(torch.int32) if cfg["EXP_WORDS"] else exps
 
 
 def fp4_mma_config(rows: int, n: int, device: torch.device) -> dict:

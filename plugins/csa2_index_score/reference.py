@@ -54,5 +54,12 @@ def csa2_index_score_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: to
     return picked.masked_fill(~listed, float("-inf"))
 
 
+def csa2_index_score_fp4_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: torch.Tensor,
+                                exps_BNG: torch.Tensor, entries_BSP: torch.Tensor) -> torch.Tensor:
+    """Scores of listed entries over FP4 keys as stored in the release: csa2_index_score_pooled
+    with the keys unpacked (unpack_keys_fp4)."""
+    return csa2_index_score_pooled(q_BSIJ, w_BSI, unpack_keys_fp4(codes_BNH, exps_BNG, q_BSIJ.dtype), entries_BSP)
+
+
 def shape(q_shape, w_shape, k_shape, visible_shape):
     return [(q_shape[0], q_shape[1], k_shape[1])]

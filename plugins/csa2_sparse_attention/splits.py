@@ -17,9 +17,9 @@ from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.launch import next_pow2
 from dsflash.plugins.sizes import H200_SMS, TORCH_SIZES, SizeOps, trt_sizes
 
-__all__ = ["BATCH_ROWS", "H200_SMS", "TORCH_SIZES", "SizeOps", "batch_form", "default_split_target",
-           "export_attrs", "key_blocks", "launch_config", "max_splits", "split_count", "split_plan",
-           "trt_sizes", "WIDE_KEYS_ROWS"]
+__all__ = ["BATCH_ROWS", "H200_SMS", "TORCH_SIZES", "WIDE_KEYS_ROWS", "SizeOps", "batch_form",
+           "default_split_target", "export_attrs", "key_blocks", "launch_config", "max_splits", "split_count",
+           "split_plan", "trt_sizes"]
 
 BATCH_ROWS = 16  # query rows from which wide heads take the batch form (batch_form)
 WIDE_KEYS_ROWS = 24  # ... and from which its key blocks are 64 keys

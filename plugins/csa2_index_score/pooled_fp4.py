@@ -1,0 +1,108 @@
+"""Csa2IndexScore over a listed candidate pool with the release's FP4 index keys
+(reference.py:csa2_index_score_fp4_pooled): pooled.py's listed form over fp4_mma.py's keys, 68 B
+per 128-dim entry instead of 256.
+
+A Reindex layer over its listed pool reads each listed entry's id, its key and writes its score:
+264 B per entry with bf16 keys, 76 B with FP4 keys. At a decode batch that index kernel is the
+layer's largest part (64 rows x 16K listed entries: 82.7 us at 82% of its bf16 roofline on the
+H200, 2026-12-04), so the FP4 keys bound it ~3.5x lower. The products are fp4_mma.py's: the keys
+as e4m3 bytes on the FP8 tensor cores, the bf16 queries split in two e4m3 parts per head scale;
+only the entry rows come from the list instead of a run of N.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsflash.plugins.aot import cdiv_expr as cdiv
+from dsflash.plugins.csa2_index_score.fp4_mma import _fp4_block_dots, _weighted_relu_sum, program_queries
+from dsflash.plugins.csa2_index_score.kernel import _check, check_fp4_keys, exponent_words, fp4_mma_config
+from dsflash.plugins.launch import check_device, check_dtype, check_shape, interpreting, next_pow2, require
+from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
+
+
+@triton.jit
+def _listed_fp4_scores(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, p, q_hi, q_lo, w,
+                       I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr,
+                       EXP_WORDS: tl.constexpr, SKIP_EMPTY: tl.constexpr):
+    """Scores of list slots p (one block) stored, -inf where the id is outside [0, N); such slots'
+    codes and exponents stay unread. SKIP_EMPTY: a block with no listed id (the list's -1 padding)
+    does no products at all (a branch; the unpipelined launch)."""
+    pmask = p < P
+    entry = tl.load(entries_ptr + row * P + p, mask=pmask, other=-1)
+    listed = (entry >= 0) & (entry < N)
+    score = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if SKIP_EMPTY:
+        if tl.max(listed.to(tl.int32), axis=0) > 0:
+            acc = _fp4_block_dots(codes_ptr, exps_ptr, b * N + entry, listed, q_hi, q_lo, I, J, BLOCK_N, ASM,
+                                  EXP_WORDS)
+            score = _weighted_relu_sum(acc, w)
+    else:
+        acc = _fp4_block_dots(codes_ptr, exps_ptr, b * N + entry, listed, q_hi, q_lo, I, J, BLOCK_N, ASM,
+                              EXP_WORDS)
+        score = _weighted_relu_sum(acc, w)
+    tl.store(out_ptr + row * P + p, tl.where(listed, score, float("-inf")), mask=pmask)
+
+
+@triton.jit
+def csa2_index_score_fp4_pooled_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, entries_ptr, S, N, P, out_ptr,
+                                       I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr,
+                                       BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr,
+                                       STAGES: tl.constexpr = 0, EXP_WORDS: tl.constexpr = False,
+                                       PDL: tl.constexpr = False):
+    """Grid (B * S query rows, runs of BLOCKS list blocks of BLOCK_N slots): one query split per
+    program serves its blocks. STAGES 0: plain loop, empty blocks skipped; STAGES >= 2: a
+    software-pipelined loop (the next blocks' ids, codes and exponents in flight while one is
+    multiplied), as fp4_mma.py's batch launch."""
+    wait_for_earlier_grids(PDL)
+    row, b, q_hi, q_lo, w = program_queries(q_ptr, w_ptr, S, I, J, JP)
+    first = tl.program_id(1) * BLOCKS
+    last = tl.minimum(first + BLOCKS, tl.cdiv(P, BLOCK_N))
+    if STAGES == 0:
+        for blk in range(first, last):
+            p = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+            _listed_fp4_scores(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, p, q_hi, q_lo, w,
+                               I, J, BLOCK_N, ASM, EXP_WORDS, True)
+    else:
+        for blk in tl.range(first, last, num_stages=STAGES):
+            p = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+            _listed_fp4_scores(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, p, q_hi, q_lo, w,
+                               I, J, BLOCK_N, ASM, EXP_WORDS, False)
+
+
+def csa2_index_score_fp4_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: torch.Tensor,
+                                exps_BNG: torch.Tensor, entries_BSP: torch.Tensor, *,
+                                overrides: dict | None = None) -> torch.Tensor:
+    """The reference's signature (reference.py:csa2_index_score_fp4_pooled): FP4 keys as codes
+    [B, N, J/2] uint8 and int8 exponents [B, N, J/32] (model/quant.py:fp4_pow2_pack), entries
+    [B, S, P] int32/int64 ids, -1 (or any id outside [0, N)) for an empty slot. The FP8
+    tensor-core products need bf16 queries (fp32 under the Triton interpreter, which cannot
+    multiply bf16) and a power-of-two head count of 16 or more. Launch settings as fp4_mma_config
+    for P slots a row; `overrides` replaces them (BLOCK_N, BLOCKS, STAGES, EXP_WORDS, num_warps,
+    PDL: benchmarks, tests)."""
+    op = "Csa2IndexScore(fp4, pooled)"
+    n = check_fp4_keys(op, q_BSIJ, codes_BNH, exps_BNG)
+    b, s, heads, j = q_BSIJ.shape
+    check_shape(op, "entries", entries_BSP, (b, s, None))
+    p = entries_BSP.shape[2]
+    _check(op, q_BSIJ, w_BSI, p)
+    check_dtype(op, "q", q_BSIJ, (torch.float32 if interpreting() else torch.bfloat16,))
+    check_dtype(op, "entries", entries_BSP, (torch.int32, torch.int64))
+    require(heads >= 16 and heads == next_pow2(heads),
+            f"{op}: the FP8 tensor-core path needs a power-of-two head count >= 16, got {heads}")
+    check_device(op, q=q_BSIJ, w=w_BSI, codes=codes_BNH, exps=exps_BNG, entries=entries_BSP)
+    q, w, entries = q_BSIJ.contiguous(), w_BSI.contiguous(), entries_BSP.contiguous()
+    out = torch.empty(b, s, p, dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out
+    over = dict(overrides or {})
+    pdl = pdl_launch_args(q.device, {"PDL": over.pop("PDL", True)})
+    cfg = fp4_mma_config(b * s, p, q.device) | over
+    exps = exponent_words(op, exps_BNG, j, cfg)
+    grid = (b * s, cdiv(cdiv(p, cfg["BLOCK_N"]), cfg["BLOCKS"]))
+    csa2_index_score_fp4_pooled_kernel[grid](q, w, codes_BNH.contiguous(), exps, entries, s, n, p, out,
+                                             I=heads, J=j, JP=next_pow2(j), ASM=not interpreting(), **cfg,
+                                             **pdl)
+    return out
