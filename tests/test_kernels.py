@@ -143,6 +143,22 @@ def test_index_score_fp4_pooled_kernel(gen, b, s, i, j, n, p, over):
         pooled_fp4.csa2_index_score_fp4_pooled(*_dev(q, w, codes, exps, entries[:, :1]))
 
 
+def test_pooled_fp4_launch_rule(monkeypatch):
+    """One row of a 16K-slot pool: the branch launch; from a program per SM the pipelined loop in
+    the longest runs that leave 4 programs per SM (132 SMs: runs of 4 blocks at 8 and 32 rows, 8 at
+    64, 16 at 128); on the CPU the branch launch."""
+    from types import SimpleNamespace
+
+    from dsflash.plugins.csa2_index_score.pooled_fp4 import pooled_fp4_config
+
+    assert pooled_fp4_config(64, 16384, torch.device("cpu"))["STAGES"] == 0
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: SimpleNamespace(multi_processor_count=132))
+    runs = {rows: pooled_fp4_config(rows, 16384, torch.device("cuda")) for rows in (1, 8, 32, 64, 128)}
+    assert runs[1] == {"BLOCK_N": 64, "BLOCKS": 4, "STAGES": 0, "num_warps": 4}
+    assert [(runs[r]["BLOCK_N"], runs[r]["BLOCKS"], runs[r]["STAGES"]) for r in (8, 32, 64, 128)] == [
+        (128, 4, 3), (128, 4, 3), (128, 8, 3), (128, 16, 3)]
+
+
 @pytest.mark.parametrize("n,size,chunk", [(300, 200, 64), (300, 40, 128), (5, 9, 16), (1000, 1000, 256),
                                           (70, 600, 16)])
 def test_pool_entry_list_kernel_is_exact(gen, n, size, chunk):

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.csa2_index_score.fp4_mma import _fp4_block_dots, _weighted_relu_sum, program_queries
-from dsflash.plugins.csa2_index_score.kernel import _check, check_fp4_keys, exponent_words, fp4_mma_config
+from dsflash.plugins.csa2_index_score.kernel import _check, check_fp4_keys, exponent_words
 from dsflash.plugins.launch import check_device, check_dtype, check_shape, interpreting, next_pow2, require
 from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
 
@@ -79,8 +79,8 @@ def csa2_index_score_fp4_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes
     [B, N, J/2] uint8 and int8 exponents [B, N, J/32] (model/quant.py:fp4_pow2_pack), entries
     [B, S, P] int32/int64 ids, -1 (or any id outside [0, N)) for an empty slot. The FP8
     tensor-core products need bf16 queries (fp32 under the Triton interpreter, which cannot
-    multiply bf16) and a power-of-two head count of 16 or more. Launch settings as fp4_mma_config
-    for P slots a row; `overrides` replaces them (BLOCK_N, BLOCKS, STAGES, EXP_WORDS, num_warps,
+    multiply bf16) and a power-of-two head count of 16 or more. Launch settings from
+    pooled_fp4_config; `overrides` replaces them (BLOCK_N, BLOCKS, STAGES, EXP_WORDS, num_warps,
     PDL: benchmarks, tests)."""
     op = "Csa2IndexScore(fp4, pooled)"
     n = check_fp4_keys(op, q_BSIJ, codes_BNH, exps_BNG)
@@ -99,10 +99,29 @@ def csa2_index_score_fp4_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes
         return out
     over = dict(overrides or {})
     pdl = pdl_launch_args(q.device, {"PDL": over.pop("PDL", True)})
-    cfg = fp4_mma_config(b * s, p, q.device) | over
+    cfg = pooled_fp4_config(b * s, p, q.device) | over
     exps = exponent_words(op, exps_BNG, j, cfg)
     grid = (b * s, cdiv(cdiv(p, cfg["BLOCK_N"]), cfg["BLOCKS"]))
     csa2_index_score_fp4_pooled_kernel[grid](q, w, codes_BNH.contiguous(), exps, entries, s, n, p, out,
                                              I=heads, J=j, JP=next_pow2(j), ASM=not interpreting(), **cfg,
                                              **pdl)
     return out
+
+
+def pooled_fp4_config(rows: int, p: int, device: torch.device) -> dict:
+    """Launch settings for `rows` lists of p slots. Under one program per SM with 4 blocks of 64
+    slots each (one row): those, with the branch that skips empty blocks. Otherwise the pipelined
+    loop over 128-slot blocks (3 stages, 4 warps), in runs of 16, 8 or 4 blocks: the longest that
+    still gives 4 programs per SM (the gathered codes need more programs in flight than
+    fp4_mma_config's runs over contiguous entries). H200 sweep, 16,384 slots a row
+    (bench_layer_batch.py --fp4-configs, 2026-12-04), us: 8 rows: runs of 4 11.4, 8 15.1, 16 23.8,
+    the branch 12.3; 64 rows: runs of 8 64.0, 4 67.4, 16 71.8, 64-slot blocks in runs of 16 64.6,
+    the branch 84.4, 2 stages 79.9, 8 warps 67.7."""
+    branch = {"BLOCK_N": 64, "BLOCKS": 4, "STAGES": 0, "num_warps": 4}
+    if device.type != "cuda":
+        return branch
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if rows * cdiv(p, branch["BLOCK_N"] * branch["BLOCKS"]) < sms:
+        return branch
+    blocks = next((n for n in (16, 8) if rows * cdiv(p, 128 * n) >= 4 * sms), 4)
+    return {"BLOCK_N": 128, "BLOCKS": blocks, "STAGES": 3, "num_warps": 4}
