@@ -38,10 +38,10 @@ def plugin_kernels(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, vocab_
     for tactic in index_trt.tactics(dtype, cfg.index_head_dim):  # TensorRT times each per profile
         kernels[_tactic_name("Csa2IndexScore", tactic)] = index_trt.aot_kernel(
             dtype, cfg.index_n_heads, cfg.index_head_dim, tactic)
-    for tactic in attn_trt.tactics(cfg.head_dim):
+    for tactic in attn_trt.tactics(dtype, cfg.num_attention_heads, cfg.head_dim):
         kernels[_tactic_name("Csa2SparseAttention", tactic)] = attn_trt.aot_kernel(
             dtype, cfg.num_attention_heads, cfg.head_dim, cfg.head_dim ** -0.5,
-            overrides=attn_trt.tactic_overrides(tactic, cfg.head_dim))
+            overrides=attn_trt.tactic_overrides(tactic, dtype, cfg.num_attention_heads, cfg.head_dim))
     heads, dim = cfg.num_attention_heads, cfg.head_dim
     block_keys = splits.export_attrs(heads, dim)["block_keys"]
     for tactic in attn_split_trt.tactics():  # decoder_step's split form

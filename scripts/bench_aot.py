@@ -193,7 +193,8 @@ def attention_case(rows: int, gen, settings: dict | None = None) -> dict:
     sink = torch.randn(HEADS, generator=gen).cuda()
     scale = HEAD_DIM ** -0.5
     launcher = attn_kernel.SparseAttentionLauncher()
-    default = {"tactic1": (True, {}), "tactic2": (True, attn_trt.tactic_overrides(2, HEAD_DIM)),
+    default = {"tactic1": (True, {}), "tactic2": (True, attn_trt.tactic_overrides(2, BF16, HEADS, HEAD_DIM)),
+               "tactic3": (True, attn_trt.tactic_overrides(3, BF16, HEADS, HEAD_DIM)),
                "tactic1_unaligned": (False, {})}
     settings = settings or default
     variants = compiled(settings, lambda aligned, over: attn_trt.aot_launch(

@@ -101,11 +101,20 @@ assert clustered.kernel.ptx.count("barrier.cluster.arrive.release") == 2
 assert mhc_trt.tactics(4, 5120, bf16) == [1, 2, 3] and mhc_trt.tactics(4, 64, bf16) == [1, 2]
 with pytest.raises(ValueError, match="hidden 64 is too narrow for clusters of 8 CTAs"):
     mhc_trt.aot_launch((1, 1, 4, 64), bf16, 20, 1e-6, 1e-6, tactic=3)
-assert attn_trt.tactics(512) == [1, 2] and attn_trt.tactics(64) == [1]
+assert attn_trt.tactics(bf16, 64, 512) == [1, 2, 3] and attn_trt.tactics(bf16, 8, 64) == [1]
+assert attn_trt.tactics(torch.float32, 64, 512) == [1, 2] and attn_trt.tactics(bf16, 40, 512) == [1, 2]
 wide = attn_trt.aot_launch((1, 2, 64, 512), (1, 5000, 512), (1, 2, 512), (1, 130, 512), bf16, 0.04, tactic=2)
 assert wide.kernel.num_warps == 8 and wide.extra[4] == 8 + 3, wide
-with pytest.raises(ValueError, match="tactic 2 is not one of \\[1\\] for head_dim 64"):
+# the batch form: all 64 heads in one program of 8 warps, 64-key blocks, 2 stages' shared memory
+batch = attn_trt.aot_launch((2, 40, 64, 512), (2, 5000, 512), (2, 40, 512), (2, 168, 512), bf16, 0.04,
+                            tactic=3)
+assert batch.grid == (80, 1, 1) and batch.kernel.num_warps == 8 and batch.extra[4] == 8 + 3, batch
+assert "wgmma" in batch.kernel.ptx and 128 * 1024 < batch.kernel.shared_mem <= 227 * 1024, batch.kernel
+with pytest.raises(ValueError, match="tactic 2 is not one of \\[1\\] for 8 heads of head_dim 64"):
     attn_trt.aot_launch((1, 2, 8, 64), (1, 50, 64), (1, 2, 16), (1, 10, 64), bf16, 0.1, tactic=2)
+with pytest.raises(ValueError, match="is not one of \\[1, 2\\] for 64 heads of head_dim 512 in torch.float32"):
+    attn_trt.aot_launch((1, 2, 64, 512), (1, 50, 512), (1, 2, 16), (1, 10, 512), torch.float32, 0.1,
+                        tactic=3)
 
 # the split form: one decode row over 16 + 5 key blocks of 32; 128 rows keep one split each
 sl = trt_split.aot_launch_split((1, 1, 64, 512), (1, 5000, 512), (1, 1, 512), (1, 129, 512), bf16, 0.04,

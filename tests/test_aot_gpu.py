@@ -75,8 +75,8 @@ def test_aot_index_score_fp32_unaligned(gen):
         kernel(aligned, [*cuda(q, w), keys, visible.cuda()], nan_outputs(((2, 3, 999), torch.float32)))
 
 
-@pytest.mark.parametrize("tactic,aligned", [(1, True), (2, True), (1, False)])
-@pytest.mark.parametrize("s", [1, 3])
+@pytest.mark.parametrize("tactic,aligned", [(1, True), (2, True), (3, True), (1, False)])
+@pytest.mark.parametrize("s", [1, 3, 40])
 def test_aot_sparse_attention(gen, s, tactic, aligned):
     args = attention_inputs(gen, s)
     q, kv, idx, win, mask, sink, scale = args

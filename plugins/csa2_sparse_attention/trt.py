@@ -2,16 +2,17 @@
 compiles kernel.py's Triton kernel to PTX for sm_90 with its launch parameters (runs wherever
 Triton is installed); `register()` adds the plugin where TensorRT imports. The softmax scale is
 baked into the PTX. AOT plugins get no workspace, so the plugin runs the unsplit path (one
-program per query row and head block), with two tactics TensorRT times per profile: the JIT
-launch's blocks, and larger key blocks with more warps for decode (tactic_overrides). Graphs of
-many rows (encoder_prefill) use it; decoder_step graphs the split form (trt_split.py)."""
+program per query row and head block), with tactics TensorRT times per profile: the JIT
+launch's decode blocks, larger key blocks with more warps for decode, and all 64 heads in one
+program for many rows (tactic_overrides). Graphs of many rows (encoder_prefill) use it;
+decoder_step graphs the split form (trt_split.py)."""
 
 from __future__ import annotations
 
 import torch
 
 from dsflash.plugins.aot import AotKernel, AotLaunch, cdiv_expr, compile_ptx, constant, pointer
-from dsflash.plugins.csa2_sparse_attention import kernel
+from dsflash.plugins.csa2_sparse_attention import kernel, splits
 from dsflash.plugins.csa2_sparse_attention.decl import DECL
 from dsflash.plugins.declaration import DOMAIN
 from dsflash.plugins.launch import next_pow2
@@ -40,25 +41,37 @@ def aot_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float,
                        num_stages=cfg.get("num_stages"), aligned=aligned), cfg
 
 
-ROWS, DECODE = 1, 2  # tactic ids (TensorRT wants positive integers)
+ROWS, DECODE, BATCH = 1, 2, 3  # tactic ids (TensorRT wants positive integers)
+HALF_TYPES = (torch.bfloat16, torch.float16)
 
 
-def tactic_overrides(tactic: int, dim: int) -> dict:
+def tactic_overrides(tactic: int, dtype: torch.dtype, heads: int, dim: int) -> dict:
     """launch_config overrides of a tactic; 0 (TensorRT's default) is ROWS. ROWS: launch_config
-    as the JIT launch (many query rows). DECODE (head_dim >= 256): 64-key blocks and 8 warps, for
-    the few programs of a decode step (one per 16 heads). H200 sweep (bench_aot.py --sweep,
-    2026-12-03), one row, 64 x 512 heads, 640 keys: 39.5 us against 49.8 us (2 stages 45.2, 1 stage
-    47.1); at 64 rows no setting beat launch_config by more than 3%."""
+    as the JIT launch of few rows. DECODE (head_dim >= 256): 64-key blocks and 8 warps, for the
+    few programs of a decode step (one per 16 heads); H200 sweep (bench_aot.py --sweep,
+    2026-12-03), one row, 64 x 512 heads, 640 keys: 39.5 us against 49.8 us (2 stages 45.2, 1
+    stage 47.1). BATCH (64 heads of 256-512 dims, 16-bit): the JIT launch's batch form with
+    64-key blocks (splits.launch_config), all heads in one program; unsplit, as a plugin without
+    a workspace runs, the JIT kernel took 57.8 us at 64 rows and 62.2 at 128 against 77.2 and
+    130.6 for the decode blocks split over the GPU (bench_layer_batch.py --attn-configs,
+    2026-12-04)."""
     tactic = tactic or ROWS
-    if tactic not in tactics(dim):
-        raise ValueError(f"Csa2SparseAttention: tactic {tactic} is not one of {tactics(dim)} for "
-                         f"head_dim {dim}")
+    if tactic not in tactics(dtype, heads, dim):
+        raise ValueError(f"Csa2SparseAttention: tactic {tactic} is not one of {tactics(dtype, heads, dim)} "
+                         f"for {heads} heads of head_dim {dim} in {dtype}")
+    if tactic == BATCH:
+        cfg = kernel.launch_config(heads, dim, dtype, rows=splits.WIDE_KEYS_ROWS)
+        return {k: cfg[k] for k in ("BLOCK_H", "BLOCK_K", "num_warps", "num_stages")}
     return {"BLOCK_K": 64, "num_warps": 8} if tactic == DECODE else {}
 
 
-def tactics(dim: int) -> list[int]:
-    """The tactics for a head_dim (DECODE changes the blocks of wide heads only)."""
-    return [ROWS, DECODE] if next_pow2(dim, 16) >= 256 else [ROWS]
+def tactics(dtype: torch.dtype, heads: int, dim: int) -> list[int]:
+    """The tactics for these heads: DECODE changes the blocks of wide heads only; BATCH needs
+    16-bit operands (fp32 tiles of 64 heads x 512 would not fit in shared memory)."""
+    if next_pow2(dim, 16) < 256:
+        return [ROWS]
+    batch = dtype in HALF_TYPES and splits.batch_form(heads, dim, splits.BATCH_ROWS)
+    return [ROWS, DECODE, BATCH] if batch else [ROWS, DECODE]
 
 
 def aot_launch(q_shape, kv_shape, idx_shape, win_shape, dtype: torch.dtype, scale: float,
@@ -67,7 +80,7 @@ def aot_launch(q_shape, kv_shape, idx_shape, win_shape, dtype: torch.dtype, scal
     TensorRT shape expressions); the tactic's settings unless `overrides` is given (sweeps)."""
     heads, dim = constant(q_shape[2]), constant(q_shape[3])
     if overrides is None:
-        overrides = tactic_overrides(tactic, dim)
+        overrides = tactic_overrides(tactic, dtype, heads, dim)
     compiled, cfg = aot_kernel(dtype, heads, dim, scale, aligned=aligned, overrides=overrides)
     # no workspace in an AOT plugin: one split owns every key block
     k_blocks = cdiv_expr(idx_shape[2], cfg["BLOCK_K"]) + cdiv_expr(win_shape[1], cfg["BLOCK_K"])
@@ -90,8 +103,11 @@ def register() -> None:
 
     @trtp.autotune(plugin_id)
     def _tune(q, kv, idx, win_kv, win_mask, sink, scale, outputs):
-        return [trtp.AutoTuneCombination(io_types(DECL, "FP32|BF16|FP16"), "LINEAR",
-                                         tactics(constant(q.shape_expr[3])))]
+        heads, dim = constant(q.shape_expr[2]), constant(q.shape_expr[3])
+        return [trtp.AutoTuneCombination(io_types(DECL, "BF16|FP16"), "LINEAR",
+                                         tactics(torch.bfloat16, heads, dim)),
+                trtp.AutoTuneCombination(io_types(DECL, "FP32"), "LINEAR",
+                                         tactics(torch.float32, heads, dim))]
 
     @trtp.aot_impl(plugin_id)
     def _aot(q: trtp.TensorDesc, kv: trtp.TensorDesc, idx: trtp.TensorDesc, win_kv: trtp.TensorDesc,
