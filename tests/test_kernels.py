@@ -324,8 +324,10 @@ def test_fp4_key_decode_bf16_is_exact(gen, j):
     # 6 rows x 2 head blocks x 4 splits of 2 blocks each (the last split partly empty)
     (2, 3, 20, 40, 90, 50, 60, 4, {"BLOCK_K": 16, "BLOCK_H": 16}),
     (1, 64, 40, 256, 50, 8, 10, None, {}),  # 64 rows of a wide head, 3 head blocks
-    # 40 rows of 64 wide heads: the batch form (one 64-head block, split_count's splits)
-    (2, 20, 64, 256, 50, 40, 30, None, {})])
+    # 40 rows of 64 wide heads in the batch form's blocks (one 64-head block, 8 warps, 2 stages),
+    # 3 splits; on a GPU bf16 takes that form by itself (launch_config), fp32 never does
+    (2, 20, 64, 256, 50, 40, 30, None, {}),
+    (2, 20, 64, 256, 50, 40, 30, 3, {"BLOCK_H": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2})])
 def test_sparse_attention_kernel(gen, dtype, b, s, h, d, n, k, t, n_split, cfg):
     q = torch.randn(b, s, h, d, generator=gen).to(dtype)
     kv = torch.randn(b, n, d, generator=gen).to(dtype)
@@ -345,8 +347,8 @@ def test_sparse_attention_kernel(gen, dtype, b, s, h, d, n, k, t, n_split, cfg):
 
 def test_sparse_attention_batch_form_rule():
     """64 wide heads from BATCH_ROWS rows: one head block of 8 warps, 2 stages, and splits that keep
-    the grid to one program per SM; fewer rows, other head counts and the AOT build (rows
-    unknown) keep the decode blocks."""
+    the grid to one program per SM; fewer rows, other head counts, fp32 operands (their tiles
+    would overflow shared memory) and the AOT build (rows unknown) keep the decode blocks."""
     rows = attn_splits.BATCH_ROWS
     batch = attn_splits.launch_config(64, 512, False, rows=rows)
     assert (batch["BLOCK_H"], batch["BLOCK_K"], batch["num_warps"], batch["num_stages"]) == (64, 32, 8, 2)
@@ -355,6 +357,7 @@ def test_sparse_attention_batch_form_rule():
     assert decode == attn_splits.launch_config(64, 512, False, rows=rows - 1)
     assert (decode["BLOCK_H"], decode["num_warps"]) == (16, 4) and "num_stages" not in decode
     assert attn_splits.launch_config(40, 512, False, rows=64)["BLOCK_H"] == 16
+    assert attn_splits.launch_config(64, 512, True, rows=64) == attn_splits.launch_config(64, 512, True)
     assert attn_splits.launch_config(64, 128, False, rows=64)["BLOCK_H"] == 64  # narrow heads: as before
     assert attn_splits.launch_config(64, 128, False, rows=64)["num_warps"] == 4
     assert [attn_splits.split_count(r, 1, 132) for r in (16, 32, 40, 64, 66, 67, 200)] == [8, 4, 3, 2, 2, 1, 1]

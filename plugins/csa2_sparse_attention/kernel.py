@@ -191,7 +191,8 @@ class SparseAttentionLauncher(LauncherBase):
         cfg, pdl = self._config(q_BSHD)
         head_blocks = cdiv(h, cfg["BLOCK_H"])
         target = cdiv(2 * self._sms(q_BSHD.device), head_blocks)
-        if n_split is None and splits.batch_form(h, d, b * s) and "BLOCK_H" not in self._overrides:
+        batch = splits.batch_form(h, d, b * s, ieee=q_BSHD.dtype == torch.float32)
+        if n_split is None and batch and "BLOCK_H" not in self._overrides:
             n_split = splits.split_count(b * s, head_blocks, self._sms(q_BSHD.device))
         per, n_split = splits.split_plan(b * s, idx_BSK.shape[2], win_kv_BTD.shape[1], d, cfg["BLOCK_K"],
                                          target, n_split)

@@ -34,7 +34,7 @@ def launch_config(heads: int, dim: int, ieee: bool, rows: int | None = None) -> 
     build, whose batch is not known when it compiles) from BATCH_ROWS selects batch_form."""
     block_d = next_pow2(dim, 16)
     wide = block_d >= 256
-    if wide and batch_form(heads, dim, rows):
+    if wide and batch_form(heads, dim, rows, ieee):
         # all 64 heads in one program: the tensor cores' 64-row products (wgmma) instead of
         # four 16-row programs each reading every key; 8 warps, 2 stages (128-192 KB of shared
         # memory, one program per SM: split_count keeps the grid to one wave). 64-key blocks
@@ -46,15 +46,17 @@ def launch_config(heads: int, dim: int, ieee: bool, rows: int | None = None) -> 
             "num_warps": 4}
 
 
-def batch_form(heads: int, dim: int, rows: int | None) -> bool:
+def batch_form(heads: int, dim: int, rows: int | None, ieee: bool) -> bool:
     """Whether `rows` query rows of `heads` x `dim` take launch_config's batch form: 64 heads of
-    256-512 dims from BATCH_ROWS rows. H200 sweeps at 128K (bench_layer_batch.py --attn-configs,
+    256-512 dims from BATCH_ROWS rows, 16-bit operands (ieee False: fp32 tiles of 64 heads x 512
+    need 205-279 KB of shared memory, over the H200's 227 KB). H200 sweeps at 128K (bench_layer_batch.py --attn-configs,
     2026-12-04), us, the decode blocks (16 heads x 32 keys, 4 warps) against the batch form
     (64 heads, 8 warps, 2 stages, split_count's splits; 32 / 64-key blocks):
     8 rows 17.5 against 18.0 (64 keys), 16 rows 37.0 against 21.4 / 23.2, 24 rows 43.5 against
     24.5 / 22.3, 32 rows 52.2 against 29.3 / 28.6, 64 rows 77.2 against 51.7 / 44.1, 128 rows
     130.6 against 76.4 / 62.2."""
-    return rows is not None and rows >= BATCH_ROWS and heads == 64 and 256 <= next_pow2(dim, 16) <= 512
+    return (not ieee and rows is not None and rows >= BATCH_ROWS and heads == 64
+            and 256 <= next_pow2(dim, 16) <= 512)
 
 
 def split_count(rows: int, head_blocks: int, sms: int = H200_SMS) -> int:

@@ -67,10 +67,10 @@ def tactic_overrides(tactic: int, dtype: torch.dtype, heads: int, dim: int) -> d
 
 def tactics(dtype: torch.dtype, heads: int, dim: int) -> list[int]:
     """The tactics for these heads: DECODE changes the blocks of wide heads only; BATCH needs
-    16-bit operands (fp32 tiles of 64 heads x 512 would not fit in shared memory)."""
+    16-bit operands (splits.batch_form)."""
     if next_pow2(dim, 16) < 256:
         return [ROWS]
-    batch = dtype in HALF_TYPES and splits.batch_form(heads, dim, splits.BATCH_ROWS)
+    batch = dtype in HALF_TYPES and splits.batch_form(heads, dim, splits.BATCH_ROWS, ieee=False)
     return [ROWS, DECODE, BATCH] if batch else [ROWS, DECODE]
 
 
