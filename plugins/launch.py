@@ -70,6 +70,7 @@ def next_pow2(n: int, floor: int = 1) -> int:
 
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+HALF_FLOATS = (torch.bfloat16, torch.float16)  # 16-bit operands (tensor-core tiles, async copies)
 
 
 class LauncherBase:

@@ -23,6 +23,7 @@ import triton.language as tl
 from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.launch import (
     FLOATS,
+    HALF_FLOATS,
     check_device,
     check_dtype,
     check_interpreter_dot,
@@ -360,7 +361,7 @@ def pipelined_config(rows: int, n: int, dim: int, dtype: torch.dtype, device: to
     after a 256 MB read 14.2 against 16.0 us. At 64K (one program per SM) no better than single
     128-entry blocks (5.2 against 4.9 us), below that slower (16K: 4.9 against 2.4 us). The
     TensorRT build keeps launch_config (N is not known when its kernel is compiled)."""
-    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or dim > 128:
+    if device.type != "cuda" or dtype not in HALF_FLOATS or dim > 128:
         return {}
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     cfg = pipelined_launch()

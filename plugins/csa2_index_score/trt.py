@@ -17,6 +17,7 @@ from dsflash.plugins.aot import AotKernel, AotLaunch, cdiv_expr, compile_ptx, co
 from dsflash.plugins.csa2_index_score import kernel
 from dsflash.plugins.csa2_index_score.decl import DECL
 from dsflash.plugins.declaration import DOMAIN
+from dsflash.plugins.launch import HALF_FLOATS
 
 ONE_BLOCK, PIPELINED = 1, 2  # tactic ids (TensorRT wants positive integers)
 
@@ -29,7 +30,7 @@ def kernel_signature(dtype: torch.dtype) -> dict:
 
 def tactics(dtype: torch.dtype, dim: int) -> list[int]:
     """The tactics that compile for these keys."""
-    return [ONE_BLOCK, PIPELINED] if dtype in (torch.bfloat16, torch.float16) and dim <= 128 else [ONE_BLOCK]
+    return [ONE_BLOCK, PIPELINED] if dtype in HALF_FLOATS and dim <= 128 else [ONE_BLOCK]
 
 
 def tactic_config(dtype: torch.dtype, heads: int, dim: int, tactic: int) -> dict:

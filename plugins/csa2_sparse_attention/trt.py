@@ -15,7 +15,7 @@ from dsflash.plugins.aot import AotKernel, AotLaunch, cdiv_expr, compile_ptx, co
 from dsflash.plugins.csa2_sparse_attention import kernel, splits
 from dsflash.plugins.csa2_sparse_attention.decl import DECL
 from dsflash.plugins.declaration import DOMAIN
-from dsflash.plugins.launch import next_pow2
+from dsflash.plugins.launch import HALF_FLOATS, next_pow2
 
 
 def kernel_signature(dtype: torch.dtype, idx_dtype: torch.dtype = torch.int64) -> dict:
@@ -42,7 +42,6 @@ def aot_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float,
 
 
 ROWS, DECODE, BATCH = 1, 2, 3  # tactic ids (TensorRT wants positive integers)
-HALF_TYPES = (torch.bfloat16, torch.float16)
 
 
 def tactic_overrides(tactic: int, dtype: torch.dtype, heads: int, dim: int) -> dict:
@@ -70,7 +69,7 @@ def tactics(dtype: torch.dtype, heads: int, dim: int) -> list[int]:
     16-bit operands (splits.batch_form)."""
     if next_pow2(dim, 16) < 256:
         return [ROWS]
-    batch = dtype in HALF_TYPES and splits.batch_form(heads, dim, splits.BATCH_ROWS, ieee=False)
+    batch = dtype in HALF_FLOATS and splits.batch_form(heads, dim, splits.BATCH_ROWS, ieee=False)
     return [ROWS, DECODE, BATCH] if batch else [ROWS, DECODE]
 
 
