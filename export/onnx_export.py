@@ -58,8 +58,6 @@ def _clean(proto) -> None:
 def _export_program(model: DSFlashModel, graph: str, flavor: str):
     if flavor not in FLAVORS:
         raise ValueError(f"unknown flavor {flavor!r}; flavors: {FLAVORS}")
-    if model.cfg.kv_qat:
-        raise ValueError("export of kv_qat models is not supported yet (FP8/FP4 round-trips)")
     module = GraphModule(model, graph).eval()
     cfg = model.cfg
     example = module.example_inputs(EXAMPLE_BATCH, EXAMPLE_CAPACITY, EXAMPLE_ROWS,

@@ -40,6 +40,7 @@ def validate_config(cfg: "ModelConfig") -> None:
     for i, m in enumerate(cfg.compress_ratios):
         if m < 0:
             raise ValueError(f"compress_ratios[{i}]={m} must be >= 0")
+    _check_qat(cfg)
     _check_sources(cfg)
     _check_engram(cfg)
     _check_moe(cfg)
@@ -48,6 +49,18 @@ def validate_config(cfg: "ModelConfig") -> None:
     if cfg.rope_scaling is not None and cfg.rope_scaling.get("type", "yarn") != "yarn":
         raise ValueError(f"rope_scaling type {cfg.rope_scaling.get('type')!r} is not supported "
                          "(only 'yarn')")
+
+
+def _check_qat(cfg: "ModelConfig") -> None:
+    """kv_qat quantises whole blocks (model/quant.py): window KV in FP8 blocks of 32 channels,
+    compressed KV in FP4 blocks of 16, index queries and keys in FP4 blocks of 32."""
+    if not cfg.kv_qat:
+        return
+    for name, block in (("head_dim", 32), ("index_head_dim", 32)):
+        value = getattr(cfg, name)
+        if value % block:
+            raise ValueError(f"{name}={value} must be a multiple of {block} with kv_qat (its "
+                             f"quantisation block)")
 
 
 def _check_layer_ids(cfg: "ModelConfig", name: str) -> tuple[int, ...]:

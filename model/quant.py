@@ -5,9 +5,17 @@ bf16/fp32 in the reference. Enabled by `ModelConfig.kv_qat`.
   window KV:      FP8 e4m3 per 32 channels, power-of-two scale 2^ceil(log2(max(amax,1e-4)/448))
   index q / k:    FP4 e2m1 per 32, power-of-two scale 2^ceil(log2(max(amax, 6*2^-126)/6))
   compressed KV:  FP4 e2m1 per 16, e4m3-rounded scale e4m3(max(amax, 6*2^-9)/6)
+
+Every step is written in operations that export to standard ONNX and run there bit for bit as
+here (kv_qat models export like any other): ONNX has no frexp, no float8 cast that TensorRT
+takes as a plain op, no bucketize and no Log2. Exponents come from a guess by log2 settled
+against a table of exact powers of two; e4m3 rounding is a round-half-to-even at the value's
+e4m3 step. tests/test_quant.py checks each against torch's frexp and float8 cast.
 """
 
 from __future__ import annotations
+
+from itertools import pairwise
 
 import torch
 
@@ -15,6 +23,12 @@ from dsflash.model.dtypes import f32
 from dsflash.plugins.dtypes import E2M1_GRID
 
 E4M3_MAX = 448.0
+# e4m3: 3 mantissa bits, smallest normal exponent -6 (below it, subnormal steps of 2^-9)
+E4M3_MANTISSA_BITS, E4M3_MIN_EXP, E4M3_MAX_EXP = 3, -6, 8
+# fp32's normal exponents: the power-of-two scales live there
+F32_MIN_EXP, F32_MAX_EXP = -126, 127
+# e2m1 rounding boundaries: halfway between neighbouring grid magnitudes
+E2M1_MIDS = tuple((a + b) / 2 for a, b in pairwise(E2M1_GRID))
 
 
 def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
@@ -23,59 +37,96 @@ def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
     return f32(x).unflatten(-1, (x.shape[-1] // block, block))
 
 
+def pow2(e: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """2^e in fp32 for integer e in [lo, hi], exactly: a gather from powers written as Python
+    floats (a traced graph holds them as a constant), not Pow/Exp, whose results may be inexact."""
+    powers = torch.tensor([2.0**k for k in range(lo, hi + 1)], dtype=torch.float32, device=e.device)
+    return powers[e - lo]
+
+
+def floor_log2(v: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """floor(log2 v) for v >= 0 as an exact int64, clamped to [lo, hi] (v = 0 gives lo). log2
+    only guesses (exported as Log(v)/Log(2) it can be one off next to a power of two); comparing
+    v with the exact powers around the guess settles it."""
+    guess = torch.floor(torch.log2(v)).clamp(lo, hi).long()
+    p = pow2(guess, lo - 1, hi + 1)
+    e = guess - (p > v).long() + (p * 2 <= v).long()
+    return e.clamp(lo, hi)
+
+
+def ceil_log2(v: torch.Tensor) -> torch.Tensor:
+    """ceil(log2 v) for fp32-normal v > 0 as an exact int64 (the exponent of a power-of-two scale)."""
+    e = floor_log2(v, F32_MIN_EXP, F32_MAX_EXP)
+    return e + (pow2(e, F32_MIN_EXP, F32_MAX_EXP) < v).long()
+
+
 def _pow2_ceil(v: torch.Tensor) -> torch.Tensor:
-    # exponent + 1 when the mantissa is non-zero, read from the fp32 value (exact, unlike log2).
-    mant, exp = torch.frexp(v)
-    return torch.ldexp(torch.ones_like(v), torch.where(mant == 0.5, exp - 1, exp))
+    return pow2(ceil_log2(v), F32_MIN_EXP, F32_MAX_EXP + 1)
+
+
+def round_e4m3(v: torch.Tensor) -> torch.Tensor:
+    """fp32 -> the nearest e4m3 value (ties to even), as fp32; |v| beyond 448 saturates to 448
+    (torch's float8_e4m3fn cast would give NaN there). Round-half-to-even at the value's step
+    2^(max(floor(log2|v|), -6) - 3) is exactly the float8 cast's rounding."""
+    v = v.clamp(-E4M3_MAX, E4M3_MAX)
+    e = floor_log2(v.abs(), E4M3_MIN_EXP, E4M3_MAX_EXP) - E4M3_MANTISSA_BITS
+    step = pow2(e, E4M3_MIN_EXP - E4M3_MANTISSA_BITS, E4M3_MAX_EXP - E4M3_MANTISSA_BITS)
+    return torch.round(v / step) * step
+
+
+def _e2m1_code(mag: torch.Tensor) -> torch.Tensor:
+    """Grid index (0-7) of the e2m1 magnitude nearest to mag (<= 6 assumed), ties to the even
+    code: a mid-point goes to the lower code, then up when that code is odd."""
+    mids = torch.tensor(E2M1_MIDS, dtype=mag.dtype, device=mag.device)
+    code = (mag.unsqueeze(-1) > mids).sum(-1)
+    tie = (mag.unsqueeze(-1) == mids).any(-1) & (code % 2 == 1)
+    return code + tie.long()
 
 
 def round_e2m1(v: torch.Tensor) -> torch.Tensor:
     """Round to the e2m1 grid (|v| <= 6 assumed), nearest, ties to the even code."""
     grid = torch.tensor(E2M1_GRID, dtype=v.dtype, device=v.device)
-    mag = v.abs()
-    mids = (grid[1:] + grid[:-1]) / 2
-    code = torch.bucketize(mag, mids)  # mag == mid goes to the lower code
-    tie_up = torch.isin(mag, mids) & (code % 2 == 1)  # at a tie the even code wins
-    code = code + tie_up.long()
-    return torch.copysign(grid[code], v)
+    mag = grid[_e2m1_code(v.abs())]
+    return torch.where(v < 0, -mag, mag)
 
 
 def fp8_e4m3_qat(x: torch.Tensor, block: int = 32) -> torch.Tensor:
     xb = _blocks(x, block)
     amax = xb.abs().amax(-1, keepdim=True)
     s = _pow2_ceil(amax.clamp_min(1e-4) * (1.0 / E4M3_MAX))
-    q = (xb / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
-    return (q * s).flatten(-2).to(x.dtype)
+    return (round_e4m3(xb / s) * s).flatten(-2).to(x.dtype)
 
 
-def _fp4_pow2(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e2m1 grid values [..., blocks, block], power-of-two scales [..., blocks, 1])."""
+def _fp4_pow2(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(e2m1 grid values [..., blocks, block], power-of-two scales [..., blocks, 1], their
+    exponents [..., blocks, 1] int64)."""
     xb = _blocks(x, block)
     amax = xb.abs().amax(-1, keepdim=True)
-    s = _pow2_ceil(amax.clamp_min(6 * 2.0**-126) / 6.0)
-    return round_e2m1((xb / s).clamp(-6.0, 6.0)), s
+    e = ceil_log2(amax.clamp_min(6 * 2.0**-126) / 6.0)
+    s = pow2(e, F32_MIN_EXP, F32_MAX_EXP + 1)
+    return round_e2m1((xb / s).clamp(-6.0, 6.0)), s, e
 
 
 def fp4_pow2_qat(x: torch.Tensor, block: int = 32) -> torch.Tensor:
-    v, s = _fp4_pow2(x, block)
+    v, s, _ = _fp4_pow2(x, block)
     return (v * s).flatten(-2).to(x.dtype)
 
 
 def fp4_pow2_pack(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """The storage behind fp4_pow2_qat (the release's indexer keys, 68 B per 128-dim entry):
     e2m1 codes two per byte (even channel in the low nibble; bit 3 = sign, bits 0-2 = the grid
-    index of E2M1_GRID) and each block's power-of-two scale as its int8 exponent.
-    plugins/csa2_index_score/reference.py:unpack_keys_fp4 inverts it: unpack(pack(x)) == qat(x)."""
-    v, s = _fp4_pow2(x, block)
+    index of E2M1_GRID; a zero packs as +0) and each block's power-of-two scale as its int8
+    exponent. plugins/csa2_index_score/reference.py:unpack_keys_fp4 inverts it:
+    unpack(pack(x)) == qat(x)."""
+    v, _, e = _fp4_pow2(x, block)
     v = v.flatten(-2)
-    grid = torch.tensor(E2M1_GRID, dtype=v.dtype, device=v.device)
-    code = torch.searchsorted(grid, v.abs()) | (torch.signbit(v).long() << 3)
+    code = _e2m1_code(v.abs()) | ((v < 0).long() << 3)
     packed = (code[..., 0::2] | (code[..., 1::2] << 4)).to(torch.uint8)
-    return packed, (torch.frexp(s)[1] - 1).squeeze(-1).to(torch.int8)
+    return packed, e.squeeze(-1).to(torch.int8)
 
 
 def fp4_e4m3scale_qat(x: torch.Tensor, block: int = 16) -> torch.Tensor:
     xb = _blocks(x, block)
     amax = xb.abs().amax(-1, keepdim=True)
-    s = (amax.clamp_min(6 * 2.0**-9) / 6.0).to(torch.float8_e4m3fn).float()
+    s = round_e4m3(amax.clamp_min(6 * 2.0**-9) / 6.0)
     return (round_e2m1((xb / s).clamp(-6.0, 6.0)) * s).flatten(-2).to(x.dtype)

@@ -51,6 +51,8 @@ def main() -> int:
         worst = max(report.max_abs_error.items(), key=lambda kv: kv[1])
         status = "PASSED" if report.passed else f"FAILED at {report.first_failure}"
         print(f"{flavor}: {status} over {report.steps} steps; largest |error| {worst[1]:.2e} ({worst[0]})")
+        for flip in report.flips:  # kv_qat models: steps that differ by a rounding flip only
+            print(f"  {flip}")
         ok &= report.passed
     return 0 if ok else 1
 

@@ -306,9 +306,11 @@ def test_captured_decode_survives_a_larger_eager_call(gen):
     del junk
 
 
-def test_cuda_graph_decode_with_kernels_gives_reference_tokens(tiny_cfg, gen):
+@pytest.mark.parametrize("kv_qat", [False, True])
+def test_cuda_graph_decode_with_kernels_gives_reference_tokens(tiny_cfg, gen, kv_qat):
     """Greedy generation through the runtime: reference ops eagerly vs Triton kernels with the
-    decode step replayed as a CUDA graph, ragged batch of two prompts."""
+    decode step replayed as a CUDA graph, ragged batch of two prompts; also with the flash
+    preset's FP8/FP4 round-trips (model/quant.py's exact exponent and rounding forms on CUDA)."""
     from dsflash.model.model import DSFlashModel
     from dsflash.runtime.cache_manager import CacheManager
     from dsflash.runtime.engine import make_engines
@@ -317,6 +319,8 @@ def test_cuda_graph_decode_with_kernels_gives_reference_tokens(tiny_cfg, gen):
 
     from conftest import random_ids
 
+    if kv_qat:
+        tiny_cfg = tiny_cfg.replace(kv_qat=True, index_head_dim=32)
     prompts = [random_ids(gen, 1, n, tiny_cfg.vocab_size)[0].tolist() for n in (13, 5)]
     params = GenerationParams(max_new_tokens=12)
     runs = {}

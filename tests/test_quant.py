@@ -6,10 +6,15 @@ from dsflash.model.config import ModelConfig
 from dsflash.model.model import DSFlashModel
 from dsflash.model.quant import (
     E2M1_GRID,
+    E2M1_MIDS,
+    ceil_log2,
+    floor_log2,
     fp4_e4m3scale_qat,
+    fp4_pow2_pack,
     fp4_pow2_qat,
     fp8_e4m3_qat,
     round_e2m1,
+    round_e4m3,
 )
 
 from conftest import random_ids
@@ -55,3 +60,82 @@ def test_kv_qat_model_decode_matches_forward(gen):
     steps = torch.cat([model.decoder_step(ids[:, i:i + 1], cache, all_logits=True) for i in range(21)], 1)
     assert_close(steps, full, MODEL, "kv_qat decode")
     assert not torch.allclose(full, plain, atol=1e-3)  # the round-trips are really applied
+
+
+def hard_values(gen) -> torch.Tensor:
+    """fp32 values where exponent and rounding code go wrong: powers of two and their fp32
+    neighbours over the whole normal range, e4m3 values and the mid-points between them, e2m1
+    mid-points, zeros of both signs, and random values of log-uniform magnitude."""
+    powers = torch.tensor([2.0**k for k in range(-126, 128)])
+    near = torch.cat([powers, torch.nextafter(powers, torch.zeros(())),
+                      torch.nextafter(powers, torch.full((), float("inf")))])
+    e4m3 = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    e4m3_mids = (e4m3[1:] + e4m3[:-1]) / 2
+    mids = torch.tensor(E2M1_MIDS)
+    scaled_mids = torch.cat([mids * 2.0**k for k in range(-8, 9)])
+    rand = torch.exp2(torch.rand(20000, generator=gen) * 140 - 130) * torch.randn(20000, generator=gen).sign()
+    v = torch.cat([near, e4m3, e4m3_mids, torch.nextafter(e4m3_mids, torch.zeros(())), scaled_mids,
+                   torch.tensor([0.0, -0.0, 6.0, 448.0, 1e-4 / 448]), rand])
+    return torch.cat([v, -v])
+
+
+def test_exponents_equal_frexp(gen):
+    v = hard_values(gen).abs()
+    v = v[v >= 2.0**-126]
+    mant, exp = torch.frexp(v)
+    assert torch.equal(floor_log2(v, -126, 127), (exp - 1).long())
+    assert torch.equal(ceil_log2(v), torch.where(mant == 0.5, exp - 1, exp).long())
+    small = torch.tensor([0.0, 2.0**-130, 2.0**-7, 2.0**-6, 500.0, 1e30])
+    assert floor_log2(small, -6, 8).tolist() == [-6, -6, -6, -6, 8, 8]  # clamped to the range
+
+
+def test_e4m3_rounding_equals_the_float8_cast(gen):
+    v = hard_values(gen)
+    v = v[v.abs() <= 448]
+    assert torch.equal(round_e4m3(v), v.to(torch.float8_e4m3fn).float())
+    assert round_e4m3(torch.tensor([1e6, -1e6])).tolist() == [448.0, -448.0]  # saturates
+
+
+def test_e2m1_rounding_equals_bucketize(gen):
+    v = hard_values(gen).clamp(-6, 6)
+    grid = torch.tensor(E2M1_GRID)
+    mids = torch.tensor(E2M1_MIDS)
+    code = torch.bucketize(v.abs(), mids)
+    code = code + (torch.isin(v.abs(), mids) & (code % 2 == 1)).long()
+    assert torch.equal(round_e2m1(v), torch.copysign(grid[code], v))
+
+
+def test_pack_codes_and_exponents(gen):
+    x = torch.randn(5, 7, 64, generator=gen)
+    x = x * torch.exp2(torch.randint(-20, 20, (5, 7, 1), generator=gen).float())
+    x[0, 0, :32] = 0.0   # an all-zero block: the smallest scale
+    x[0, 1, :5] = -0.0
+    codes, exps = fp4_pow2_pack(x)
+    assert codes.dtype == torch.uint8 and exps.dtype == torch.int8 and exps.shape == (5, 7, 2)
+    nib = torch.stack([codes & 15, codes >> 4], -1).flatten(-2).long()
+    grid = torch.tensor(E2M1_GRID)
+    value = torch.where(nib >= 8, -grid[nib & 7], grid[nib & 7])
+    scale = torch.exp2(exps.float()).repeat_interleave(32, -1)
+    assert torch.equal(value * scale, fp4_pow2_qat(x))
+    assert not ((nib == 8).any())  # zeros pack as +0
+    assert exps[0, 0, 0] == -126
+
+
+@pytest.mark.parametrize("fn", [fp8_e4m3_qat, fp4_pow2_qat, fp4_e4m3scale_qat, fp4_pow2_pack])
+def test_round_trips_export_to_onnx_bit_for_bit(fn, gen, tmp_path):
+    """kv_qat models export: each round-trip runs in ONNX Runtime exactly as in PyTorch."""
+    ort = pytest.importorskip("onnxruntime")
+
+    class Quantise(torch.nn.Module):
+        def forward(self, x):
+            return fn(x)
+
+    x = hard_values(gen)[:64 * 300].reshape(300, 64).clamp(-1e30, 1e30)
+    x = torch.cat([x, torch.randn(40, 64, generator=gen) * 3])
+    program = torch.onnx.export(Quantise(), (x,), dynamo=True, optimize=False, verbose=False,
+                                dynamic_shapes=({0: torch.export.Dim.AUTO},))
+    session = ort.InferenceSession(program.model_proto.SerializeToString())
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    want = fn(x)
+    for g, w in zip(got, want if isinstance(want, tuple) else (want,)):
+        assert torch.equal(torch.from_numpy(g), w)

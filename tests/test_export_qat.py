@@ -1,0 +1,116 @@
+"""Export of a kv_qat model (the released flash preset's FP8/FP4 round-trips) in both flavors:
+the tiny sizes with index_head_dim 32 (one FP4 block), checked against PyTorch as test_export.py
+checks the plain tiny model."""
+
+import numpy as np
+import pytest
+import torch
+
+from dsflash.export.accuracy import check_bundle, reference_steps
+from dsflash.export.ort_greedy import OrtGraphs
+from dsflash.export.rounding_flips import explain_flip
+from dsflash.model.config import ModelConfig
+from dsflash.model.generate import generate
+from dsflash.model.model import DSFlashModel
+
+from conftest import random_ids
+from tolerances import MODEL
+
+
+@pytest.fixture(scope="module")
+def qat_model() -> DSFlashModel:
+    cfg = ModelConfig.preset("tiny").replace(kv_qat=True, index_head_dim=32)
+    return DSFlashModel(cfg).init_weights(seed=77).eval()
+
+
+@pytest.fixture(scope="module")
+def qat_bundle(qat_model, tmp_path_factory):
+    """Both graphs in both flavors (about 2 minutes with two workers)."""
+    from dsflash.export.bundle import write_bundle
+
+    return write_bundle(qat_model, tmp_path_factory.mktemp("bundle") / "tiny-qat", "tiny-qat",
+                        ("plugin", "portable"), workers=2)
+
+
+@pytest.mark.parametrize("flavor", ["portable", "plugin"])
+def test_kv_qat_flavors_match_pytorch_with_polygraphy(qat_bundle, qat_model, gen, flavor):
+    cfg = qat_model.cfg
+    prompts = [random_ids(gen, 1, n, cfg.vocab_size)[0].tolist() for n in (19, 5)]
+    steps = reference_steps(qat_model, prompts, decode_steps=8)
+    report = check_bundle(qat_bundle, qat_model, flavor, steps)
+    assert report.passed, report.first_failure
+    assert report.steps == 11
+
+
+def test_kv_qat_greedy_tokens_on_onnxruntime_equal_pytorch(qat_bundle, qat_model, gen):
+    prompt = random_ids(gen, 1, 14, qat_model.cfg.vocab_size)[0].tolist()
+    expected = generate(qat_model, [prompt], 24)[0]
+    assert OrtGraphs(qat_bundle, "portable").greedy(prompt, 24) == expected
+
+
+def test_kv_qat_needs_whole_quantisation_blocks():
+    with pytest.raises(ValueError, match="index_head_dim=16 must be a multiple of 32 with kv_qat"):
+        ModelConfig.preset("tiny").replace(kv_qat=True)
+    with pytest.raises(ValueError, match="head_dim=48 must be a multiple of 32 with kv_qat"):
+        ModelConfig.preset("tiny").replace(kv_qat=True, index_head_dim=32, head_dim=48)
+
+
+
+def _step(layers=3, dim=32, seed=0):
+    """Outputs of a decode step with quantised-looking rows: e4m3 window rows, FP4 entries."""
+    rng = np.random.default_rng(seed)
+    rows = torch.from_numpy(rng.standard_normal((layers, 1, 1, dim)).astype(np.float32))
+    rows = rows.to(torch.float8_e4m3fn).float().numpy()
+    return {"new_swa_rows": rows, "new_kv.1": np.array([[[0.5, 1.0, -3.0, 6.0]]], np.float32),
+            "logits": rng.standard_normal((1, 50)).astype(np.float32)}
+
+
+def _neighbour_up(v: float) -> float:
+    """The next e4m3 value above v (> 0)."""
+    e4m3 = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    return float(e4m3[e4m3 > v][0])
+
+
+def test_a_one_step_flip_is_explained_and_what_follows_it_is_not_compared():
+    want = _step()
+    got = {k: v.copy() for k, v in want.items()}
+    v = abs(float(want["new_swa_rows"][1, 0, 0, 3]))
+    got["new_swa_rows"][1, 0, 0, 3] = np.sign(want["new_swa_rows"][1, 0, 0, 3]) * _neighbour_up(v)
+    got["new_swa_rows"][2] += 0.3  # layers after the flip see other inputs
+    got["logits"] += 1e-3          # small enough to keep the greedy token
+    assert explain_flip(got, want, MODEL) == "rounding flip at layer 1: 1 element(s) one grid step apart"
+
+
+@pytest.mark.parametrize("change", ["two_steps", "sign", "greedy_token", "logits_only",
+                                    "entry_not_neighbour"])
+def test_what_is_not_a_flip(change):
+    want = _step()
+    got = {k: v.copy() for k, v in want.items()}
+    v = float(want["new_swa_rows"][0, 0, 0, 5])
+    if change == "two_steps":
+        got["new_swa_rows"][0, 0, 0, 5] = np.sign(v) * _neighbour_up(_neighbour_up(abs(v)))
+    elif change == "sign":
+        got["new_swa_rows"][0, 0, 0, 5] = -v
+    elif change == "greedy_token":
+        got["new_swa_rows"][0, 0, 0, 5] = np.sign(v) * _neighbour_up(abs(v))
+        got["logits"][0, want["logits"][0].argmin()] = 100.0
+    elif change == "logits_only":
+        got["logits"] += 1e-3
+    else:  # 6.0 -> -3.0 is no single e2m1 step
+        got["new_kv.1"][0, 0, 3] = -3.0
+    assert explain_flip(got, want, MODEL) is None
+
+
+def test_flips_at_many_steps_fail_the_check(qat_bundle, qat_model, gen):
+    """A check whose steps all differ by flips fails: flips must stay rare."""
+    cfg = qat_model.cfg
+    prompts = [random_ids(gen, 1, 9, cfg.vocab_size)[0].tolist()]
+    steps = reference_steps(qat_model, prompts, decode_steps=4)
+    for st in steps:  # every reference step moves one window value by one e4m3 step
+        rows = st.outputs["new_swa_rows"]
+        v = float(rows[0, 0, 0, 0])
+        rows[0, 0, 0, 0] = np.sign(v or 1.0) * _neighbour_up(abs(v))
+    report = check_bundle(qat_bundle, qat_model, "portable", steps)
+    n = len(steps)
+    assert len(report.flips) == n > 4
+    assert not report.passed and report.first_failure.startswith(f"rounding flips at {n} of {n} steps")
