@@ -9,8 +9,9 @@ bf16/fp32 in the reference. Enabled by `ModelConfig.kv_qat`.
 Every step is written in operations that export to standard ONNX and run there bit for bit as
 here (kv_qat models export like any other): ONNX has no frexp, no float8 cast that TensorRT
 takes as a plain op, no bucketize and no Log2. Exponents come from a guess by log2 settled
-against a table of exact powers of two; e4m3 rounding is a round-half-to-even at the value's
-e4m3 step. tests/test_quant.py checks each against torch's frexp and float8 cast.
+against exact powers of two; e4m3 rounding is a round-half-to-even at the value's e4m3 step.
+No step builds a constant tensor, so the round-trips run inside CUDA-graph capture.
+tests/test_quant.py checks each against torch's frexp and float8 cast.
 """
 
 from __future__ import annotations
@@ -38,18 +39,30 @@ def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def pow2(e: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-    """2^e in fp32 for integer e in [lo, hi], exactly: a gather from powers written as Python
-    floats (a traced graph holds them as a constant), not Pow/Exp, whose results may be inexact."""
-    powers = torch.tensor([2.0**k for k in range(lo, hi + 1)], dtype=torch.float32, device=e.device)
-    return powers[e - lo]
+    """2^e in fp32 for integer e in [lo, hi], exactly: 2^lo times a power-of-two factor per set bit
+    of e - lo (products of powers of two are exact). Not a gather from a table, whose constant
+    would be a host-to-device copy per call (CUDA-graph capture refuses it), nor Pow/Exp, whose
+    results some runtimes round."""
+    k = (e - lo).float()
+    out = torch.full_like(k, 2.0**lo)
+    for bit in range((hi - lo).bit_length()):
+        is_set = (torch.floor(k * 2.0**-bit) - 2 * torch.floor(k * 2.0 ** -(bit + 1))) > 0
+        for factor in _split_power(2**bit):
+            out = torch.where(is_set, out * factor, out)
+    return out
+
+
+def _split_power(exponent: int) -> tuple[float, ...]:
+    """2^exponent as factors that fp32 holds (2^128 does not): (2^64, 2^64) for 128."""
+    return (2.0**exponent,) if exponent < 128 else (2.0**64,) * (exponent // 64)
 
 
 def floor_log2(v: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     """floor(log2 v) for v >= 0 as an exact int64, clamped to [lo, hi] (v = 0 gives lo). log2
     only guesses (exported as Log(v)/Log(2) it can be one off next to a power of two); comparing
-    v with the exact powers around the guess settles it."""
+    v with the exact power at the guess and twice it settles it."""
     guess = torch.floor(torch.log2(v)).clamp(lo, hi).long()
-    p = pow2(guess, lo - 1, hi + 1)
+    p = pow2(guess, lo, hi)
     e = guess - (p > v).long() + (p * 2 <= v).long()
     return e.clamp(lo, hi)
 
@@ -74,19 +87,22 @@ def round_e4m3(v: torch.Tensor) -> torch.Tensor:
     return torch.round(v / step) * step
 
 
+def _e2m1_steps(mag: torch.Tensor) -> list[torch.Tensor]:
+    """One indicator per e2m1 mid-point: is mag rounded above it? Nearest, ties to the even code:
+    mid-point i (between codes i and i + 1) goes up when i + 1 is even. Scalar comparisons, so no
+    constant tensor is built per call (see pow2)."""
+    return [mag >= mid if i % 2 else mag > mid for i, mid in enumerate(E2M1_MIDS)]
+
+
 def _e2m1_code(mag: torch.Tensor) -> torch.Tensor:
-    """Grid index (0-7) of the e2m1 magnitude nearest to mag (<= 6 assumed), ties to the even
-    code: a mid-point goes to the lower code, then up when that code is odd."""
-    mids = torch.tensor(E2M1_MIDS, dtype=mag.dtype, device=mag.device)
-    code = (mag.unsqueeze(-1) > mids).sum(-1)
-    tie = (mag.unsqueeze(-1) == mids).any(-1) & (code % 2 == 1)
-    return code + tie.long()
+    """Grid index (0-7) of the e2m1 magnitude nearest to mag (<= 6 assumed)."""
+    return sum(step.long() for step in _e2m1_steps(mag))
 
 
 def round_e2m1(v: torch.Tensor) -> torch.Tensor:
     """Round to the e2m1 grid (|v| <= 6 assumed), nearest, ties to the even code."""
-    grid = torch.tensor(E2M1_GRID, dtype=v.dtype, device=v.device)
-    mag = grid[_e2m1_code(v.abs())]
+    gaps = [b - a for a, b in pairwise(E2M1_GRID)]
+    mag = sum(step.to(v.dtype) * gap for step, gap in zip(_e2m1_steps(v.abs()), gaps))
     return torch.where(v < 0, -mag, mag)
 
 
@@ -120,8 +136,8 @@ def fp4_pow2_pack(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch
     unpack(pack(x)) == qat(x)."""
     v, _, e = _fp4_pow2(x, block)
     v = v.flatten(-2)
-    code = _e2m1_code(v.abs()) | ((v < 0).long() << 3)
-    packed = (code[..., 0::2] | (code[..., 1::2] << 4)).to(torch.uint8)
+    code = _e2m1_code(v.abs()) + (v < 0).long() * 8
+    packed = (code[..., 0::2] + code[..., 1::2] * 16).to(torch.uint8)
     return packed, e.squeeze(-1).to(torch.int8)
 
 

@@ -13,6 +13,7 @@ from dsflash.model.quant import (
     fp4_pow2_pack,
     fp4_pow2_qat,
     fp8_e4m3_qat,
+    pow2,
     round_e2m1,
     round_e4m3,
 )
@@ -77,6 +78,12 @@ def hard_values(gen) -> torch.Tensor:
     v = torch.cat([near, e4m3, e4m3_mids, torch.nextafter(e4m3_mids, torch.zeros(())), scaled_mids,
                    torch.tensor([0.0, -0.0, 6.0, 448.0, 1e-4 / 448]), rand])
     return torch.cat([v, -v])
+
+
+def test_powers_of_two_are_exact_over_the_whole_range():
+    e = torch.arange(-126, 129)
+    assert torch.equal(pow2(e, -126, 128), torch.ldexp(torch.ones(255), e.int()))
+    assert torch.equal(pow2(torch.tensor([[-9, 5]]), -9, 5), torch.tensor([[2.0**-9, 32.0]]))
 
 
 def test_exponents_equal_frexp(gen):
