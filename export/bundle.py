@@ -21,7 +21,7 @@ from dsflash.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
 MANIFEST_FORMAT = 1
-ONNX_DTYPES = {1: "float32", 7: "int64", 9: "bool", 10: "float16", 16: "bfloat16"}
+ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 7: "int64", 9: "bool", 10: "float16", 16: "bfloat16"}
 
 
 class BundleError(ValueError):

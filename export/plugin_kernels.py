@@ -20,6 +20,7 @@ def plugin_kernels(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, vocab_
     """name -> (AotKernel, launch config) for every distinct kernel the model's plugin graphs use
     (each tactic of a plugin with several: <op>_tactic<n>, the first tactic under the op's name)."""
     from dsflash.plugins.csa2_index_score import trt as index_trt
+    from dsflash.plugins.csa2_index_score import trt_fp4 as index_fp4_trt
     from dsflash.plugins.csa2_sparse_attention import splits
     from dsflash.plugins.csa2_sparse_attention import trt as attn_trt
     from dsflash.plugins.csa2_sparse_attention import trt_split as attn_split_trt
@@ -35,7 +36,11 @@ def plugin_kernels(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, vocab_
     for layer, a in addressing.items():
         kernels[f"EngramHashGather_layer{layer}"] = engram_trt.aot_kernel(
             dtype, cfg.engram_head_dim, a.multipliers, a.primes, a.offsets, a.pad_id, cfg.engram_n_heads)
-    for tactic in index_trt.tactics(dtype, cfg.index_head_dim):  # TensorRT times each per profile
+    if cfg.kv_qat:  # the index keys are FP4 in the state (model/cache.py): Csa2IndexScoreFp4 nodes
+        for tactic in index_fp4_trt.tactics(dtype, cfg.index_n_heads):
+            kernels[_tactic_name("Csa2IndexScoreFp4", tactic)] = index_fp4_trt.aot_kernel(
+                dtype, cfg.index_n_heads, cfg.index_head_dim, tactic)
+    for tactic in [] if cfg.kv_qat else index_trt.tactics(dtype, cfg.index_head_dim):  # TensorRT times each
         kernels[_tactic_name("Csa2IndexScore", tactic)] = index_trt.aot_kernel(
             dtype, cfg.index_n_heads, cfg.index_head_dim, tactic)
     for tactic in attn_trt.tactics(dtype, cfg.num_attention_heads, cfg.head_dim):

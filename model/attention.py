@@ -21,16 +21,18 @@ from torch import nn
 from dsflash.model import csa2_ops as ops
 from dsflash.model.dtypes import cast, f32
 from dsflash.model.norm_rope import RMSNorm, Rotary, apply_rope, rms_norm
-from dsflash.model.quant import fp4_e4m3scale_qat, fp4_pow2_qat, fp8_e4m3_qat
+from dsflash.model.quant import fp4_e4m3scale_qat, fp4_pow2_pack, fp4_pow2_qat, fp8_e4m3_qat
 
 
 @dataclass
 class SourceEntries:
-    """A KV source's entries visible this step: cached ones, then one candidate per new row."""
+    """A KV source's entries visible this step: cached ones, then one candidate per new row. With
+    kv_qat the index keys are FP4: codes [B, N, J/2] uint8 in index_k_BNJ, exponents in index_e_BNG."""
 
     kv_BND: torch.Tensor
     index_k_BNJ: torch.Tensor
     group_BN: torch.Tensor
+    index_e_BNG: torch.Tensor | None = None
 
 
 @dataclass
@@ -55,6 +57,7 @@ class SourceState:
     group_BN: torch.Tensor
     comp_kv: torch.Tensor
     comp_score: torch.Tensor
+    index_e_BNG: torch.Tensor | None = None  # kv_qat: FP4 index keys (SourceEntries)
 
 
 class Compressor(nn.Module):
@@ -95,9 +98,14 @@ class Indexer(nn.Module):
         w = f32(self.weights_proj(x_BSE)) * (self.dim ** -0.5) * (self.n_heads ** -0.5)
         return q, w
 
-    def keys(self, latent_BSD, cos, sin, qat: bool):
+    def keys(self, latent_BSD, cos, sin, qat: bool) -> dict[str, torch.Tensor]:
+        """{"index_k": keys} or, with kv_qat, their FP4 storage {"index_k": codes, "index_e":
+        exponents}: exactly fp4_pow2_qat's values (the release keeps its index keys so)."""
         k = apply_rope(self.k_norm(self.wk(latent_BSD)), cos, sin)
-        return fp4_pow2_qat(k) if qat else k
+        if not qat:
+            return {"index_k": k}
+        codes, exps = fp4_pow2_pack(k)
+        return {"index_k": codes, "index_e": exps}
 
 
 class CSA2Attention(nn.Module):
@@ -166,15 +174,17 @@ class CSA2Attention(nn.Module):
         latent, su, sz = self.compressor(x_BSE, source)
         group = ops.completed_group(pos_BS, m)
         cos, sin = self.rotary.cos_sin(torch.clamp_min(group, 0) * m)
-        index_k = self.indexer.keys(latent, cos, sin, self.cfg.kv_qat)
+        keys = self.indexer.keys(latent, cos, sin, self.cfg.kv_qat)
         entry = apply_rope(latent, cos, sin)
         if self.cfg.kv_qat:
             entry = fp4_e4m3scale_qat(entry)
+        exps = keys.get("index_e")
         shared.entries[self.layer] = SourceEntries(
             kv_BND=torch.cat((source.kv_BND, entry), dim=1),
-            index_k_BNJ=torch.cat((source.index_k_BNJ, index_k), dim=1),
-            group_BN=torch.cat((source.group_BN, group), dim=1))
-        return {"kv": entry, "index_k": index_k, "group": group, "comp_kv": su, "comp_score": sz}
+            index_k_BNJ=torch.cat((source.index_k_BNJ, keys["index_k"]), dim=1),
+            group_BN=torch.cat((source.group_BN, group), dim=1),
+            index_e_BNG=None if exps is None else torch.cat((source.index_e_BNG, exps), dim=1))
+        return {"kv": entry, **keys, "group": group, "comp_kv": su, "comp_score": sz}
 
     def _select(self, qr, x_BSE, pos_BS, cos, sin, shared: StepShared) -> torch.Tensor | None:
         cfg = self.cfg
@@ -187,7 +197,7 @@ class CSA2Attention(nn.Module):
         if cfg.uses_candidate_pool(self.layer) and shared.candidate_list_BSP is not None:
             # the listed pool: only its entries are scored and ranked (same selection as the mask)
             pool = shared.candidate_list_BSP
-            scores = self.ops.csa2_index_score_pooled(q, w, src.index_k_BNJ, pool)
+            scores = self.ops.csa2_index_score_pooled(q, w, src.index_k_BNJ, pool, src.index_e_BNG)
             idx = ops.select_listed_topk(scores, pool, cfg.index_topk, src.group_BN.shape[1],
                                          topk=self.ops.stable_topk, picks=self.ops.listed_picks)
             shared.topk[self.layer] = idx
@@ -195,7 +205,7 @@ class CSA2Attention(nn.Module):
         visible = ops.visible_entries(src.group_BN, pos_BS, self.ratio)
         if cfg.uses_candidate_pool(self.layer):
             visible = visible & shared.candidates_BSN
-        scores = self.ops.csa2_index_score(q, w, src.index_k_BNJ, visible)
+        scores = self.ops.csa2_index_score(q, w, src.index_k_BNJ, visible, src.index_e_BNG)
         if self.layer == cfg.candidate_source_layer_id:
             self._publish_pool(scores, src.group_BN, pos_BS, visible, shared)
         idx = ops.select_topk(scores, cfg.index_topk, topk=self.ops.stable_topk)

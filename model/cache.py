@@ -2,7 +2,10 @@
 
   swa_kv              [L, B, W, D]     window ring of every layer, slot = position mod W
   kv.<src>            [B, C/m, D]      compressed global KV of each KV source (ratio m)
-  index_k.<src>       [B, C/m, J]      indexer keys of each KV source
+  index_k.<src>       [B, C/m, J]      indexer keys of each KV source; with kv_qat the release's
+                                       FP4 form: e2m1 codes [B, C/m, J/2] uint8 (two per byte)
+  index_e.<src>       [B, C/m, J/32]   kv_qat only: each 32-channel block's power-of-two exponent
+                      int8             (model/quant.py:fp4_pow2_pack; 68 B per 128-dim key, not 256)
   comp_kv.<src>       [B, m-1, D] fp32 pending rows of a partial group (m > 1), right-aligned
   comp_score.<src>    [B, m-1, D] fp32 their gate scores
   engram_hist         [B, n-1] int64   the last n-1 token ids (-1 before the sequence start)
@@ -26,7 +29,7 @@ class StateSpec:
     """One state tensor: shape as a formula over named dimensions (see `resolve_shape`)."""
 
     name: str
-    dtype: str                  # "model" (the model's float dtype), "float32" or "int64"
+    dtype: str                  # "model" (the model's float dtype), "float32", "int64", "uint8", "int8"
     shape: tuple[str, ...]      # named dimensions or integer literals as text
     owners: tuple[int, ...]     # layers that own it (empty: per sequence)
     fill: float                 # value of an empty slot
@@ -40,10 +43,9 @@ def state_layout(cfg: ModelConfig) -> list[StateSpec]:
                        0.0, "window ring of every layer, slot = position mod W")]
     for src in cfg.kv_source_layer_ids:
         m = cfg.layer_ratio(src)
-        specs += [StateSpec(f"kv.{src}", "model", ("B", f"N{m}", "Dh"), (src,), 0.0,
-                            f"compressed global KV of source layer {src} (ratio {m})"),
-                  StateSpec(f"index_k.{src}", "model", ("B", f"N{m}", "J"), (src,), 0.0,
-                            f"indexer keys of source layer {src}")]
+        specs.append(StateSpec(f"kv.{src}", "model", ("B", f"N{m}", "Dh"), (src,), 0.0,
+                               f"compressed global KV of source layer {src} (ratio {m})"))
+        specs += index_key_specs(cfg, src, ("B", f"N{m}"))
         if m > 1:
             specs += [StateSpec(f"comp_kv.{src}", "float32", ("B", str(m - 1), "Dh"), (src,), 0.0,
                                 "pending rows of the partial group, right-aligned"),
@@ -57,10 +59,22 @@ def state_layout(cfg: ModelConfig) -> list[StateSpec]:
     return specs
 
 
+def index_key_specs(cfg: ModelConfig, src: int, rows: tuple[str, ...]) -> list[StateSpec]:
+    """Index keys of KV source src with leading dims `rows`: bf16/fp32 keys, or with kv_qat the
+    FP4 codes and exponents they are exactly (the keys are FP4 values already: Indexer.keys)."""
+    if not cfg.kv_qat:
+        return [StateSpec(f"index_k.{src}", "model", (*rows, "J"), (src,), 0.0,
+                          f"indexer keys of source layer {src}")]
+    return [StateSpec(f"index_k.{src}", "uint8", (*rows, "J_codes"), (src,), 0,
+                      f"indexer keys of source layer {src}: FP4 e2m1 codes, two per byte"),
+            StateSpec(f"index_e.{src}", "int8", (*rows, "J_blocks"), (src,), 0,
+                      f"indexer keys of source layer {src}: power-of-two exponent per 32 channels")]
+
+
 def static_dims(cfg: ModelConfig) -> dict[str, int]:
     return {"L": cfg.num_hidden_layers, "D_enc": cfg.first_decoder_layer, "W": cfg.sliding_window,
-            "Dh": cfg.head_dim, "J": cfg.index_head_dim, "V": cfg.vocab_size,
-            "Hist": cfg.engram_max_ngram_size - 1}
+            "Dh": cfg.head_dim, "J": cfg.index_head_dim, "J_codes": cfg.index_head_dim // 2,
+            "J_blocks": cfg.index_head_dim // 32, "V": cfg.vocab_size, "Hist": cfg.engram_max_ngram_size - 1}
 
 
 def resolve_shape(shape: tuple[str, ...], cfg: ModelConfig, batch: int, capacity: int,
@@ -81,7 +95,8 @@ def resolve_shape(shape: tuple[str, ...], cfg: ModelConfig, batch: int, capacity
 def spec_dtype(spec_dtype_name: str, model_dtype: torch.dtype) -> torch.dtype:
     if spec_dtype_name == "model":
         return model_dtype
-    return {"float32": torch.float32, "int64": torch.int64, "bool": torch.bool}[spec_dtype_name]
+    return {"float32": torch.float32, "int64": torch.int64, "bool": torch.bool, "uint8": torch.uint8,
+            "int8": torch.int8}[spec_dtype_name]
 
 
 class ModelCache:
@@ -186,7 +201,8 @@ class ModelCache:
     def _write_entries(self, src: int, adds: dict, idx: torch.Tensor) -> None:
         """Compressed entries of KV source src at the groups the step completed (group >= 0)."""
         group = adds[f"group.{src}"]  # [b, S]
-        pools = [(self.tensors[f"{kind}.{src}"], adds[f"{kind}.{src}"]) for kind in ("kv", "index_k")]
+        pools = [(self.tensors[f"{kind}.{src}"], adds[f"{kind}.{src}"])
+                 for kind in ("kv", "index_k", "index_e") if f"{kind}.{src}" in self.tensors]
         if group.shape[1] == 1 and pools[0][0].shape[1] > 0:
             # a decode step: one row per slot, so no two writes collide; a row that completes no
             # group writes back what its slot holds at entry 0 (no host round trip to find rows)

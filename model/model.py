@@ -207,7 +207,9 @@ class DSFlashModel(nn.Module):
         state["swa_kv"] = state["swa_kv"][:, :, :0]
         for src in self.cfg.kv_source_layer_ids:
             state[f"kv.{src}"] = state[f"kv.{src}"][:, :0]
-            state[f"index_k.{src}"] = state[f"index_k.{src}"][:, :0]
+            for key in (f"index_k.{src}", f"index_e.{src}"):
+                if key in state:
+                    state[key] = state[key][:, :0]
         return state
 
     def _compressed_ids(self, ids_hist_BT: torch.Tensor) -> torch.Tensor:
@@ -235,6 +237,7 @@ class DSFlashModel(nn.Module):
         b = kv.shape[0]
         empty = kv.new_zeros(b, 0, kv.shape[-1], dtype=torch.float32)
         return SourceState(kv_BND=kv, index_k_BNJ=state[f"index_k.{layer}"],
+                           index_e_BNG=state.get(f"index_e.{layer}"),
                            group_BN=torch.where(g < n_done, g, torch.full_like(g, -1)).expand(b, -1),
                            comp_kv=state.get(f"comp_kv.{layer}", empty),
                            comp_score=state.get(f"comp_score.{layer}", empty))

@@ -22,6 +22,7 @@ import torch
 
 from dsflash.model.dtypes import f32
 from dsflash.plugins.dtypes import E2M1_GRID
+from dsflash.plugins.dtypes import exact_pow2 as pow2
 
 E4M3_MAX = 448.0
 # e4m3: 3 mantissa bits, smallest normal exponent -6 (below it, subnormal steps of 2^-9)
@@ -36,25 +37,6 @@ def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
     if x.shape[-1] % block:
         raise ValueError(f"last dim {x.shape[-1]} is not a multiple of the quantisation block {block}")
     return f32(x).unflatten(-1, (x.shape[-1] // block, block))
-
-
-def pow2(e: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-    """2^e in fp32 for integer e in [lo, hi], exactly: 2^lo times a power-of-two factor per set bit
-    of e - lo (products of powers of two are exact). Not a gather from a table, whose constant
-    would be a host-to-device copy per call (CUDA-graph capture refuses it), nor Pow/Exp, whose
-    results some runtimes round."""
-    k = (e - lo).float()
-    out = torch.full_like(k, 2.0**lo)
-    for bit in range((hi - lo).bit_length()):
-        is_set = (torch.floor(k * 2.0**-bit) - 2 * torch.floor(k * 2.0 ** -(bit + 1))) > 0
-        for factor in _split_power(2**bit):
-            out = torch.where(is_set, out * factor, out)
-    return out
-
-
-def _split_power(exponent: int) -> tuple[float, ...]:
-    """2^exponent as factors that fp32 holds (2^128 does not): (2^64, 2^64) for 128."""
-    return (2.0**exponent,) if exponent < 128 else (2.0**64,) * (exponent // 64)
 
 
 def floor_log2(v: torch.Tensor, lo: int, hi: int) -> torch.Tensor:

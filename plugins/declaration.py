@@ -12,14 +12,15 @@ import torch
 
 DOMAIN = "trt.plugins"
 TORCH_NAMESPACE = "dsflash"
-PORT_DTYPES = {"float": torch.float32, "fp32": torch.float32, "int64": torch.int64, "bool": torch.bool}
+PORT_DTYPES = {"float": torch.float32, "fp32": torch.float32, "int64": torch.int64, "bool": torch.bool,
+               "uint8": torch.uint8, "int8": torch.int8}
 ATTR_KINDS = {"int": "int", "float": "float", "ints": "int[]", "floats": "float[]"}
 
 
 @dataclass(frozen=True)
 class Port:
     name: str
-    dtype: str  # "float" (the model's float dtype), "fp32" (always), "int64" or "bool"
+    dtype: str  # "float" (the model's float dtype), "fp32" (always), "int64", "bool", "uint8", "int8"
 
 
 @dataclass(frozen=True)

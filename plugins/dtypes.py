@@ -17,3 +17,32 @@ def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 # FP4 e2m1 magnitudes by code (bits 0-2; bit 3 is the sign): the model's QAT round-trips
 # (model/quant.py) and the FP4 index keys (plugins/csa2_index_score) share this grid
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def exact_pow2(e: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """2^e in fp32 for integer e in [lo, hi], exactly: 2^lo times a power-of-two factor per set bit
+    of e - lo (products of powers of two are exact). Not a gather from a table, whose constant
+    would be a host-to-device copy per call (CUDA-graph capture refuses it), nor Pow/Exp, whose
+    results some runtimes round (both the model's round-trips and the FP4 keys' unpacking export
+    to ONNX with it)."""
+    k = (e - lo).float()
+    out = torch.full_like(k, 2.0**lo)
+    for bit in range((hi - lo).bit_length()):
+        is_set = (torch.floor(k * 2.0**-bit) - 2 * torch.floor(k * 2.0 ** -(bit + 1))) > 0
+        for factor in _split_power(2**bit):
+            out = torch.where(is_set, out * factor, out)
+    return out
+
+
+def _split_power(exponent: int) -> tuple[float, ...]:
+    """2^exponent as factors that fp32 holds (2^128 does not): (2^64, 2^64) for 128."""
+    return (2.0**exponent,) if exponent < 128 else (2.0**64,) * (exponent // 64)
+
+
+def e2m1_magnitude(code: torch.Tensor) -> torch.Tensor:
+    """E2M1_GRID[code & 7] in fp32 for int64 codes, by arithmetic (no constant tensor, as
+    exact_pow2): codes 0-3 are 0, .5, 1, 1.5; 4-7 are 2, 3, 4, 6 = 2^(code // 2 - 1) * (1 + odd / 2)."""
+    m = (code % 8).float()
+    odd = m - 2 * torch.floor(m * 0.5)
+    high = torch.where(m >= 6, 4.0, 2.0) * (1 + 0.5 * odd)
+    return torch.where(m < 4, m * 0.5, high)

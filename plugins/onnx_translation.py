@@ -16,7 +16,8 @@ from dsflash.plugins.declaration import DOMAIN, OpDecl
 
 _PORT_TYPES = {"float": ("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]),
                "fp32": ("tensor(float)", None), "int64": ("tensor(int64)", None),
-               "bool": ("tensor(bool)", None)}
+               "bool": ("tensor(bool)", None), "uint8": ("tensor(uint8)", None),
+               "int8": ("tensor(int8)", None)}
 
 
 def onnx_schema(decl: OpDecl):

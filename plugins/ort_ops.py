@@ -23,7 +23,8 @@ def _pyop_types():
     from onnxruntime_extensions import PyCustomOpDef
 
     return {"float": PyCustomOpDef.dt_float, "fp32": PyCustomOpDef.dt_float, "int64": PyCustomOpDef.dt_int64,
-            "bool": PyCustomOpDef.dt_bool}, {"int": PyCustomOpDef.dt_int64,
+            "bool": PyCustomOpDef.dt_bool, "uint8": PyCustomOpDef.dt_uint8,
+            "int8": PyCustomOpDef.dt_int8}, {"int": PyCustomOpDef.dt_int64,
                                              "float": PyCustomOpDef.dt_float,
                                              "ints": PyCustomOpDef.dt_string,
                                              "floats": PyCustomOpDef.dt_string}

@@ -14,6 +14,8 @@ import torch
 
 from dsflash.model import csa2_ops
 from dsflash.plugins.csa2_index_score.decl import DECL as INDEX_SCORE
+from dsflash.plugins.csa2_index_score.decl import FP4_DECL as INDEX_SCORE_FP4
+from dsflash.plugins.csa2_index_score.reference import csa2_index_score_fp4_pooled as pooled_fp4_reference
 from dsflash.plugins.csa2_index_score.reference import csa2_index_score_pooled as pooled_score_reference
 from dsflash.plugins.csa2_sparse_attention import splits
 from dsflash.plugins.csa2_sparse_attention.decl import COMBINE_DECL as ATTENTION_COMBINE
@@ -28,7 +30,8 @@ from dsflash.plugins.mhc_boundary.decl import PARTIALS_DECL as MHC_PARTIALS
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
 DECLS: tuple[OpDecl, ...] = (ENGRAM_HASH_GATHER, INDEX_SCORE, SPARSE_ATTENTION, MHC_BOUNDARY,
-                             SPARSE_ATTENTION_SPLIT, ATTENTION_COMBINE, MHC_PARTIALS, MHC_FINISH)
+                             SPARSE_ATTENTION_SPLIT, ATTENTION_COMBINE, MHC_PARTIALS, MHC_FINISH,
+                             INDEX_SCORE_FP4)
 BACKENDS = ("reference", "custom_op", "triton")
 POOL_FORMS = ("auto", "mask", "list")
 
@@ -45,9 +48,10 @@ def _triton_kernels() -> dict:
     optional dependency). The mHC and attention launchers keep their workspaces (no allocation
     per call, CUDA-graph safe): an mHC boundary is one launch, a split attention call two (the
     partials and their combine)."""
-    from dsflash.plugins.csa2_index_score.kernel import csa2_index_score
+    from dsflash.plugins.csa2_index_score.kernel import csa2_index_score, csa2_index_score_fp4
     from dsflash.plugins.csa2_index_score.pool_list import listed_picks, pool_entry_list
     from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
+    from dsflash.plugins.csa2_index_score.pooled_fp4 import listed_fp4_scores
     from dsflash.plugins.csa2_sparse_attention.kernel import SparseAttentionLauncher
     from dsflash.plugins.engram_hash_gather.kernel import engram_hash_gather
     from dsflash.plugins.mhc_boundary.kernel import MhcBoundaryLauncher
@@ -56,7 +60,8 @@ def _triton_kernels() -> dict:
     return {"engram_hash_gather": engram_hash_gather, "csa2_index_score": csa2_index_score,
             "csa2_sparse_attention": SparseAttentionLauncher(), "mhc_boundary": MhcBoundaryLauncher(),
             "stable_topk": StableTopkLauncher(), "csa2_index_score_pooled": csa2_index_score_pooled,
-            "pool_entry_list": pool_entry_list, "listed_picks": listed_picks}
+            "pool_entry_list": pool_entry_list, "listed_picks": listed_picks,
+            "csa2_index_score_fp4": csa2_index_score_fp4, "csa2_index_score_fp4_pooled": listed_fp4_scores}
 
 
 class OpSet:
@@ -136,12 +141,19 @@ class OpSet:
         return self._call(ENGRAM_HASH_GATHER, cids_BT, table, multipliers=list(multipliers),
                           primes=list(primes), offsets=list(offsets), pad_id=pad_id, heads=heads)
 
-    def csa2_index_score(self, q_BSIJ, w_BSI, k_BNJ, visible_BSN):
+    def csa2_index_score(self, q_BSIJ, w_BSI, k_BNJ, visible_BSN, exps_BNG=None):
+        """Keys [B, N, J], or with exps_BNG the FP4 keys of kv_qat models (codes [B, N, J/2] in k_BNJ;
+        the Csa2IndexScoreFp4 op)."""
+        if exps_BNG is not None:
+            return self._call(INDEX_SCORE_FP4, q_BSIJ, w_BSI, k_BNJ, exps_BNG, visible_BSN)
         return self._call(INDEX_SCORE, q_BSIJ, w_BSI, k_BNJ, visible_BSN)
 
-    def csa2_index_score_pooled(self, q_BSIJ, w_BSI, k_BNJ, entries_BSP):
+    def csa2_index_score_pooled(self, q_BSIJ, w_BSI, k_BNJ, entries_BSP, exps_BNG=None):
         """Not a plugin op (graphs keep the mask form): the Triton kernel on the Triton backend,
-        else the reference."""
+        else the reference; FP4 keys as in csa2_index_score."""
+        if exps_BNG is not None:
+            return self._launcher_or("csa2_index_score_fp4_pooled", pooled_fp4_reference, q_BSIJ, w_BSI,
+                                     k_BNJ, exps_BNG, entries_BSP)
         return self._launcher_or("csa2_index_score_pooled", pooled_score_reference, q_BSIJ, w_BSI, k_BNJ,
                                  entries_BSP)
 

@@ -32,10 +32,16 @@ def _pooled_score_fake(q, w, k, entries):
     return q.new_empty(entries.shape, dtype=torch.float32)  # fp32 scores of the listed slots
 
 
+def _pooled_fp4_score_fake(q, w, codes, exps, entries):
+    return q.new_empty(entries.shape, dtype=torch.float32)
+
+
 LAUNCHER_OPS = {
     "stable_topk": ("(Tensor scores, int k) -> (Tensor, Tensor)", _topk_fake),
     "csa2_index_score_pooled": ("(Tensor q, Tensor w, Tensor k, Tensor entries) -> Tensor",
                                 _pooled_score_fake),
+    "csa2_index_score_fp4_pooled": (
+        "(Tensor q, Tensor w, Tensor codes, Tensor exps, Tensor entries) -> Tensor", _pooled_fp4_score_fake),
 }
 
 

@@ -129,6 +129,10 @@ def synthetic_cache(cfg: ModelConfig, batch: int, context: int, steps: int, devi
     for t in cm.cache.tensors.values():
         if t.is_floating_point():
             t.normal_(generator=gen)
+        elif t.dtype == torch.uint8:  # kv_qat's FP4 index keys: any byte is two valid e2m1 codes
+            t.random_(0, 256, generator=gen)
+        elif t.dtype == torch.int8:  # and their exponents: scales 2^-4 .. 2^0, as unit-normal keys'
+            t.random_(-4, 1, generator=gen)
     cm.cache.tensors["engram_hist"].random_(0, cfg.vocab_size, generator=gen)
     cm.cache.tensors["seq_len"].fill_(context)
     cm.cache.tensors["replay_start"].zero_()

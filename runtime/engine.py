@@ -162,7 +162,7 @@ class OrtEngine:
 
 
 _NUMPY_DTYPE = {torch.float32: np.float32, torch.int64: np.int64, torch.bool: np.bool_,
-                torch.float16: np.float16}
+                torch.float16: np.float16, torch.uint8: np.uint8, torch.int8: np.int8}
 
 
 def make_engines(backend: str, bundle=None, model=None, compile_options: Mapping | None = None

@@ -193,6 +193,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--kv-qat", action="store_true",
+                    help="the flash preset's FP8/FP4 round-trips, index keys stored in FP4")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", action="store_true",
@@ -205,7 +207,7 @@ def main() -> int:
         ap.error(f"modes {args.modes}: known {MODES}; CUDA graphs need --device cuda")
     if args.warmup < 1 or args.steps < 1:
         ap.error("--warmup and --steps must be >= 1")
-    cfg = ModelConfig.preset(args.config)
+    cfg = ModelConfig.preset(args.config).replace(kv_qat=args.kv_qat)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     model = DSFlashModel(cfg).init_weights(seed=args.seed).eval().to(args.device, dtype)
     bw = copy_bandwidth_GBps(args.device)
@@ -214,7 +216,8 @@ def main() -> int:
     results = [bench_case(model, cfg, b, c, args, bw, kept) for b, c in tqdm(cases, desc="decode cases")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"config": args.config, "dtype": args.dtype, "device": args.device, "copy_GBps": bw,
+    meta = {"config": args.config, "kv_qat": args.kv_qat,
+            "dtype": args.dtype, "device": args.device, "copy_GBps": bw,
             "warmup": args.warmup, "steps": args.steps, "modes": args.modes,
             "gpu": torch.cuda.get_device_name() if args.device != "cpu" else "cpu"}
     (out / "bench_decode.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))

@@ -82,6 +82,15 @@ assert two.grid == (6, 257, 1) and two.kernel.num_warps == 8, two
 assert index_trt.aot_launch((2, 3, 32, 128), (2, 64, 128), bf16, tactic=0).grid == (6, 1, 1)
 with pytest.raises(ValueError, match="tactic 2 is not one of \\\\[1\\\\] for torch.float32 keys"):
     index_trt.aot_launch((1, 1, 8, 64), (1, 10, 64), torch.float32, tactic=2)
+# kv_qat's FP4 keys (trt_fp4.py): 64 heads x 128, codes [B, N, 64], both tactics
+from dsflash.plugins.csa2_index_score import trt_fp4
+decode = trt_fp4.aot_launch((2, 3, 64, 128), (2, 131075, 64), bf16, tactic=1)
+assert decode.grid == (6, 2049, 1) and decode.extra == (3, 131075) and decode.kernel.declared == 8, decode
+mma = trt_fp4.aot_launch((2, 3, 64, 128), (2, 131075, 64), bf16, tactic=2)
+assert mma.grid == (6, 513, 1) and "mma" in mma.kernel.ptx and mma.kernel.declared == 8, mma.grid
+assert trt_fp4.tactics(bf16, 2) == [1] and trt_fp4.tactics(torch.float32, 64) == [1]
+with pytest.raises(ValueError, match="tactic 2 is not one of \\\\[1\\\\] for torch.float32 queries"):
+    trt_fp4.aot_launch((1, 1, 64, 128), (1, 10, 64), torch.float32, tactic=2)
 attn = attn_trt.aot_launch((1, 2, 64, 512), (1, 5000, 512), (1, 2, 512), (1, 130, 512), bf16, 0.04)
 assert attn.grid[0] == 2 and attn.extra[:4] == (2, 5000, 130, 512), attn
 block_k = attn_kernel.launch_config(64, 512, bf16)["BLOCK_K"]

@@ -56,6 +56,24 @@ def test_aot_index_score_tactics(gen, tactic, s, n):
                           f"index tactic {tactic}")
 
 
+@pytest.mark.parametrize("tactic", [1, 2])
+@pytest.mark.parametrize("s,n", [(1, 131075), (5, 4099)])
+def test_aot_index_score_fp4_tactics(gen, tactic, s, n):
+    """kv_qat's FP4 index keys (Csa2IndexScoreFp4, trt_fp4.py): the decode and FP8 tactics, 64
+    heads x 128 as in the release, exponents read as bytes."""
+    from dsflash.model.quant import fp4_pow2_pack
+    from dsflash.plugins.csa2_index_score import trt_fp4
+
+    q = torch.randn(1, s, 64, 128, generator=gen).to(BF16)
+    w = torch.randn(1, s, 64, generator=gen)
+    codes, exps = fp4_pow2_pack(torch.randn(1, n, 128, generator=gen))
+    visible = torch.rand(1, s, n, generator=gen) > 0.2
+    launch = trt_fp4.aot_launch(tuple(q.shape), tuple(codes.shape), BF16, tactic)
+    (out,) = run(launch, cuda(q, w, codes, exps, visible), nan_outputs(((1, s, n), torch.float32)))
+    assert_kernel_matches(out, index_ref.csa2_index_score_fp4, (q, w, codes, exps, visible), {}, BF16,
+                          f"fp4 index tactic {tactic}")
+
+
 def test_aot_index_score_fp32_unaligned(gen):
     """fp32 queries and keys (tactic 1 only) from a kernel compiled for any pointer alignment, run
     on keys that start 4 bytes into their buffer."""

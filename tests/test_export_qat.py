@@ -48,6 +48,24 @@ def test_kv_qat_greedy_tokens_on_onnxruntime_equal_pytorch(qat_bundle, qat_model
     assert OrtGraphs(qat_bundle, "portable").greedy(prompt, 24) == expected
 
 
+def test_kv_qat_graphs_carry_fp4_index_keys(qat_bundle):
+    """The state holds the index keys as the release does (codes + exponents), and the plugin
+    graphs score them with Csa2IndexScoreFp4 nodes."""
+    import onnx
+
+    cfg = qat_bundle.config
+    for graph in ("encoder_prefill", "decoder_step"):
+        proto = onnx.load(str(qat_bundle.graph_path(graph, "plugin")), load_external_data=False)
+        types = {v.name: v.type.tensor_type.elem_type for v in (*proto.graph.input, *proto.graph.output)}
+        src = cfg.kv_source_layer_ids[0]
+        assert types[f"index_k.{src}"] == types[f"new_index_k.{src}"] == onnx.TensorProto.UINT8
+        assert types[f"index_e.{src}"] == types[f"new_index_e.{src}"] == onnx.TensorProto.INT8
+        ops = [n.op_type for n in proto.graph.node]
+        assert "Csa2IndexScore" not in ops
+        if graph == "decoder_step":
+            assert ops.count("Csa2IndexScoreFp4") == len(cfg.index_source_layer_ids)
+
+
 def test_kv_qat_needs_whole_quantisation_blocks():
     with pytest.raises(ValueError, match="index_head_dim=16 must be a multiple of 32 with kv_qat"):
         ModelConfig.preset("tiny").replace(kv_qat=True)

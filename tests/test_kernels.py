@@ -710,3 +710,30 @@ def test_mhc_falls_back_when_the_cooperative_launch_is_refused(gen, monkeypatch)
     launcher._fits.clear()
     with pytest.raises(RuntimeError, match="illegal memory access"):
         launcher(*args, 20, 1e-6, 1e-6, n_split=3)
+
+
+@pytest.mark.parametrize("heads", [2, 16])
+def test_opset_scores_kv_qat_fp4_keys_in_both_pool_forms(gen, heads):
+    """What kv_qat models run on OpSet('triton'): the index keys as the cache holds them (FP4 codes
+    and exponents), as a mask (Csa2IndexScoreFp4's launcher) and as a listed pool (the FP8 kernel
+    at 16 heads; at 2 heads, too few for its products, the keys decoded for pooled.py's kernel)."""
+    from dsflash.model import csa2_ops
+    from dsflash.model.quant import fp4_pow2_pack, fp4_pow2_qat
+    from dsflash.plugins.registry import OpSet
+
+    dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16
+    q = fp4_pow2_qat(torch.randn(2, 3, heads, 64, generator=gen)).to(dtype)
+    w = torch.randn(2, 3, heads, generator=gen)
+    codes, exps = fp4_pow2_pack(torch.randn(2, 77, 64, generator=gen))
+    visible = torch.rand(2, 3, 77, generator=gen) > 0.4
+    entries = csa2_ops.pool_entry_list(visible, 60)
+    ops = OpSet("triton")
+    got = ops.csa2_index_score(*_dev(q, w, codes, visible, exps))
+    assert_kernel_matches(got, index_ref.csa2_index_score_fp4, (q, w, codes, exps, visible), {}, dtype,
+                          "OpSet fp4 scores")
+    listed = ops.csa2_index_score_pooled(*_dev(q, w, codes, entries, exps))
+    assert_kernel_matches(listed, index_ref.csa2_index_score_fp4_pooled, (q, w, codes, exps, entries), {},
+                          dtype, "OpSet fp4 listed scores")
+    reference = OpSet("reference")
+    assert torch.equal(reference.csa2_index_score(q, w, codes, visible, exps),
+                       index_ref.csa2_index_score_fp4(q, w, codes, exps, visible))

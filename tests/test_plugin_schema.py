@@ -22,6 +22,11 @@ def sample_inputs(decl, gen):
     if decl.name == "Csa2IndexScore":
         return (torch.randn(b, s, 2, 4, generator=gen), torch.randn(b, s, 2, generator=gen),
                 torch.randn(b, n, 4, generator=gen), torch.rand(b, s, n, generator=gen) > 0.3), {}
+    if decl.name == "Csa2IndexScoreFp4":  # J = 64: two exponent blocks
+        return (torch.randn(b, s, 2, 64, generator=gen), torch.randn(b, s, 2, generator=gen),
+                torch.randint(0, 256, (b, n, 32), generator=gen, dtype=torch.uint8),
+                torch.randint(-6, 4, (b, n, 2), generator=gen, dtype=torch.int8),
+                torch.rand(b, s, n, generator=gen) > 0.3), {}
     if decl.name.startswith("Csa2SparseAttention"):
         inputs = (torch.randn(b, s, 2, 8, generator=gen), torch.randn(b, n, 8, generator=gen),
                   torch.randint(-1, n, (b, s, 3), generator=gen), torch.randn(b, 5, 8, generator=gen),
@@ -132,7 +137,8 @@ def test_ort_op_runs_the_reference(decl, gen):
     from dsflash.plugins.ort_ops import ort_plugin_model, ort_session_options
 
     inputs, attrs = sample_inputs(decl, gen)
-    types = {torch.float32: TensorProto.FLOAT, torch.int64: TensorProto.INT64, torch.bool: TensorProto.BOOL}
+    types = {torch.float32: TensorProto.FLOAT, torch.int64: TensorProto.INT64, torch.bool: TensorProto.BOOL,
+             torch.uint8: TensorProto.UINT8, torch.int8: TensorProto.INT8}
     ref = decl.reference(*inputs, **attrs)
     refs = ref if isinstance(ref, tuple) else (ref,)
     node = helper.make_node(decl.name, [p.name for p in decl.inputs], [p.name for p in decl.outputs],

@@ -146,3 +146,36 @@ def test_round_trips_export_to_onnx_bit_for_bit(fn, gen, tmp_path):
     want = fn(x)
     for g, w in zip(got, want if isinstance(want, tuple) else (want,)):
         assert torch.equal(torch.from_numpy(g), w)
+
+
+def test_packed_index_keys_score_as_their_values(gen):
+    """kv_qat caches keep index keys packed (model/cache.py): scoring the codes and exponents gives
+    the scores of the round-tripped values, bit for bit (the values are grid points times powers
+    of two, exact in any float dtype)."""
+    from dsflash.plugins.csa2_index_score import reference
+
+    q = fp4_pow2_qat(torch.randn(2, 3, 4, 64, generator=gen))
+    w = torch.randn(2, 3, 4, generator=gen)
+    k = torch.randn(2, 9, 64, generator=gen) * 3
+    visible = torch.rand(2, 3, 9, generator=gen) > 0.2
+    packed = reference.csa2_index_score_fp4(q, w, *fp4_pow2_pack(k), visible)
+    assert torch.equal(packed, reference.csa2_index_score(q, w, fp4_pow2_qat(k), visible))
+
+
+def test_kv_qat_cache_holds_index_keys_in_fp4():
+    cfg = ModelConfig.preset("tiny").replace(kv_qat=True, index_head_dim=64)
+    cache = ModelCache.allocate(cfg, 2, 32)
+    for src in cfg.kv_source_layer_ids:
+        codes, exps = cache.tensors[f"index_k.{src}"], cache.tensors[f"index_e.{src}"]
+        assert codes.dtype == torch.uint8 and codes.shape[-1] == 32
+        assert exps.dtype == torch.int8 and exps.shape[-1] == 2
+        assert codes.shape[:2] == exps.shape[:2] == cache.tensors[f"kv.{src}"].shape[:2]
+    plain = ModelCache.allocate(cfg.replace(kv_qat=False), 2, 32)
+    assert "index_e.1" not in plain.tensors and plain.tensors["index_k.1"].shape[-1] == 64
+
+
+def test_e2m1_magnitudes_by_arithmetic_equal_the_grid():
+    from dsflash.plugins.dtypes import e2m1_magnitude
+
+    codes = torch.arange(16)
+    assert e2m1_magnitude(codes).tolist() == list(E2M1_GRID) * 2

@@ -112,14 +112,15 @@ def install() -> dict:
         setattr(trtp, name, fn)
     trt = types.ModuleType("tensorrt")
     trt.DataType = types.SimpleNamespace(FLOAT="FLOAT", HALF="HALF", BF16="BF16", INT64="INT64",
-                                         INT32="INT32", BOOL="BOOL")
+                                         INT32="INT32", BOOL="BOOL", UINT8="UINT8", INT8="INT8")
     trt.float32 = "FLOAT"
     trt.plugin = trtp
     sys.modules["tensorrt"], sys.modules["tensorrt.plugin"] = trt, trtp
     return registry
 
 
-TORCH_TO_TRT = {torch.bfloat16: "BF16", torch.float32: "FLOAT", torch.int64: "INT64", torch.bool: "BOOL"}
+TORCH_TO_TRT = {torch.bfloat16: "BF16", torch.float32: "FLOAT", torch.int64: "INT64", torch.bool: "BOOL",
+                torch.uint8: "UINT8", torch.int8: "INT8"}
 
 
 def cases():
@@ -137,6 +138,9 @@ def cases():
                              [(), (1,)]),
         "Csa2IndexScore": ([(2, 3, 32, 128), (2, 3, 32), (2, 700, 128), (2, 3, 700)], [bf, f32, bf, b], {},
                            [(2, 3), (2,), (2,), ()]),
+        # kv_qat's FP4 keys: 64 index heads (a power of two >= 16: both tactics)
+        "Csa2IndexScoreFp4": ([(2, 3, 64, 128), (2, 3, 64), (2, 700, 64), (2, 700, 4), (2, 3, 700)],
+                              [bf, f32, torch.uint8, torch.int8, b], {}, [(2, 3), (2,), (2,), (2,), ()]),
         "Csa2SparseAttention": (attn_in, attn_types, {"scale": 0.04}, attn_const),
         "Csa2SparseAttentionSplit": (attn_in, attn_types,
                                      {"scale": 0.04, "block_keys": 32, "split_target": 66}, attn_const),

@@ -1,11 +1,13 @@
-"""ONNX Runtime CPU op for Csa2IndexScore in plugin-flavor graphs (an onnxruntime-extensions Python op
-computing the reference, fp32), used by tests and Polygraphy checks of plugin graphs."""
+"""ONNX Runtime CPU ops for Csa2IndexScore and Csa2IndexScoreFp4 in plugin-flavor graphs
+(onnxruntime-extensions Python ops computing the reference, fp32), used by tests and Polygraphy
+checks of plugin graphs."""
 
 from __future__ import annotations
 
-from dsflash.plugins.csa2_index_score.decl import DECL
+from dsflash.plugins.csa2_index_score.decl import DECL, FP4_DECL
 from dsflash.plugins.ort_ops import register_pyop
 
 
 def register() -> None:
     register_pyop(DECL)
+    register_pyop(FP4_DECL)

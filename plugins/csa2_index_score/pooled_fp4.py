@@ -108,6 +108,37 @@ def csa2_index_score_fp4_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes
     return out
 
 
+def listed_fp4_scores(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: torch.Tensor,
+                      exps_BNG: torch.Tensor, entries_BSP: torch.Tensor) -> torch.Tensor:
+    """What OpSet("triton") runs for a listed pool over FP4 keys, with the reference's signature:
+    the kernel above where its FP8 products fit (bf16 queries, fp32 under the interpreter; a
+    power-of-two head count >= 16: the released sizes). Otherwise (test and small presets) the
+    listed entries' codes and exponents are gathered, decoded exactly
+    (reference.py:unpack_keys_fp4) and scored with PyTorch ops: work in proportion to the list,
+    not to N."""
+    heads = q_BSIJ.shape[2] if q_BSIJ.dim() == 4 else 0
+    dtype = torch.float32 if interpreting() else torch.bfloat16
+    if heads >= 16 and heads == next_pow2(heads) and q_BSIJ.dtype == dtype:
+        return csa2_index_score_fp4_pooled(q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP)
+    from dsflash.plugins.csa2_index_score.reference import unpack_keys_fp4
+
+    op = "Csa2IndexScore(fp4, pooled)"
+    n = check_fp4_keys(op, q_BSIJ, codes_BNH, exps_BNG)
+    b, s, _, _ = q_BSIJ.shape
+    check_shape(op, "entries", entries_BSP, (b, s, None))
+    ids = entries_BSP.long()
+    listed = (ids >= 0) & (ids < n)
+    rows = ids.clamp(0, max(n - 1, 0)).flatten(1).unsqueeze(-1)  # [B, S*P, 1]
+    if n == 0:
+        return torch.full(ids.shape, float("-inf"), dtype=torch.float32, device=ids.device)
+    codes = codes_BNH.gather(1, rows.expand(-1, -1, codes_BNH.shape[2]))
+    exps = exps_BNG.gather(1, rows.expand(-1, -1, exps_BNG.shape[2]))
+    keys = unpack_keys_fp4(codes, exps, torch.float32).view(b, s, ids.shape[2], -1)
+    dots = torch.einsum("bsij,bspj->bsip", q_BSIJ.float(), keys).relu()
+    scores = torch.einsum("bsip,bsi->bsp", dots, w_BSI.float())
+    return scores.masked_fill(~listed, float("-inf"))
+
+
 def pooled_fp4_config(rows: int, p: int, device: torch.device) -> dict:
     """Launch settings for `rows` lists of p slots. Under one program per SM with 4 blocks of 64
     slots each (one row): those, with the branch that skips empty blocks. Otherwise the pipelined

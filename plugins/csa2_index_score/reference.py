@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from dsflash.plugins.dtypes import E2M1_GRID, f32
+from dsflash.plugins.dtypes import e2m1_magnitude, exact_pow2, f32
 
 
 def csa2_index_score(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: torch.Tensor,
@@ -22,12 +22,14 @@ def unpack_keys_fp4(codes_BNH: torch.Tensor, exps_BNG: torch.Tensor, dtype: torc
     """FP4 index keys (model/quant.py:fp4_pow2_pack: e2m1 codes two per byte, low nibble first,
     bit 3 the sign; one power-of-two exponent per 32 channels) -> keys [B, N, J] in dtype, exact
     (a grid value times a power of two, formed in fp32)."""
-    nib = torch.stack([codes_BNH & 15, codes_BNH >> 4], dim=-1).flatten(-2).long()
-    grid = torch.tensor(E2M1_GRID, dtype=torch.float32, device=codes_BNH.device)
-    mag = grid[nib & 7]
-    val = torch.where((nib & 8) != 0, -mag, mag)
-    scale = torch.ldexp(torch.ones_like(exps_BNG, dtype=torch.float32), exps_BNG.int())
-    return (val * scale.repeat_interleave(32, dim=-1)).to(dtype)
+    # arithmetic on int64 rather than bit operations on uint8 (which ONNX export mistypes) and no
+    # constant tensors (the same CUDA-graph and export reasons as dsflash.plugins.dtypes.exact_pow2)
+    byte = codes_BNH.long()
+    nib = torch.stack([byte % 16, byte // 16], dim=-1).flatten(-2)
+    mag = e2m1_magnitude(nib)
+    val = torch.where(nib >= 8, -mag, mag)
+    scale = exact_pow2(exps_BNG.long(), -128, 127)
+    return (val * scale.unsqueeze(-1).expand(*scale.shape, 32).flatten(-2)).to(dtype)
 
 
 def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: torch.Tensor,
@@ -63,3 +65,7 @@ def csa2_index_score_fp4_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes
 
 def shape(q_shape, w_shape, k_shape, visible_shape):
     return [(q_shape[0], q_shape[1], k_shape[1])]
+
+
+def shape_fp4(q_shape, w_shape, codes_shape, exps_shape, visible_shape):
+    return [(q_shape[0], q_shape[1], codes_shape[1])]
