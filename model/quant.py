@@ -6,12 +6,12 @@ bf16/fp32 in the reference. Enabled by `ModelConfig.kv_qat`.
   index q / k:    FP4 e2m1 per 32, power-of-two scale 2^ceil(log2(max(amax, 6*2^-126)/6))
   compressed KV:  FP4 e2m1 per 16, e4m3-rounded scale e4m3(max(amax, 6*2^-9)/6)
 
-Every step is written in operations that export to standard ONNX and run there bit for bit as
-here (kv_qat models export like any other): ONNX has no frexp, no float8 cast that TensorRT
-takes as a plain op, no bucketize and no Log2. Exponents come from a guess by log2 settled
-against exact powers of two; e4m3 rounding is a round-half-to-even at the value's e4m3 step.
-No step builds a constant tensor, so the round-trips run inside CUDA-graph capture.
-tests/test_quant.py checks each against torch's frexp and float8 cast.
+Every rounding is a round-half-to-even at the value's step in its float format (e4m3, e2m1), from
+exact exponents and powers of two (floor_log2, plugins/dtypes.py:exact_pow2): frexp and bit
+patterns eagerly; while exporting, operations that standard ONNX has (it has no frexp, bitcast,
+bucketize or Log2), which run in ONNX Runtime bit for bit as the eager ones (kv_qat models
+export like any other). No step builds a constant tensor, so the round-trips run inside
+CUDA-graph capture. tests/test_quant.py checks each against torch's frexp and float8 cast.
 """
 
 from __future__ import annotations
@@ -40,9 +40,13 @@ def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def floor_log2(v: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-    """floor(log2 v) for v >= 0 as an exact int64, clamped to [lo, hi] (v = 0 gives lo). log2
-    only guesses (exported as Log(v)/Log(2) it can be one off next to a power of two); comparing
-    v with the exact power at the guess and twice it settles it."""
+    """floor(log2 v) for v >= 0 as an exact int64, clamped to [lo, hi] (v = 0 gives lo). Eagerly
+    frexp's exponent. While exporting (ONNX has neither frexp nor Log2; Log(v)/Log(2) can be one
+    off next to a power of two): that guess, settled by comparing v with the exact power at the
+    guess and twice it."""
+    if not torch.compiler.is_exporting():
+        e = (torch.frexp(v)[1] - 1).long()
+        return torch.where(v > 0, e, lo).clamp(lo, hi)
     guess = torch.floor(torch.log2(v)).clamp(lo, hi).long()
     p = pow2(guess, lo, hi)
     e = guess - (p > v).long() + (p * 2 <= v).long()
@@ -59,33 +63,33 @@ def _pow2_ceil(v: torch.Tensor) -> torch.Tensor:
     return pow2(ceil_log2(v), F32_MIN_EXP, F32_MAX_EXP + 1)
 
 
-def round_e4m3(v: torch.Tensor) -> torch.Tensor:
-    """fp32 -> the nearest e4m3 value (ties to even), as fp32; |v| beyond 448 saturates to 448
-    (torch's float8_e4m3fn cast would give NaN there). Round-half-to-even at the value's step
-    2^(max(floor(log2|v|), -6) - 3) is exactly the float8 cast's rounding."""
-    v = v.clamp(-E4M3_MAX, E4M3_MAX)
-    e = floor_log2(v.abs(), E4M3_MIN_EXP, E4M3_MAX_EXP) - E4M3_MANTISSA_BITS
-    step = pow2(e, E4M3_MIN_EXP - E4M3_MANTISSA_BITS, E4M3_MAX_EXP - E4M3_MANTISSA_BITS)
+def _round_at_step(v: torch.Tensor, mantissa_bits: int, min_exp: int, max_exp: int) -> torch.Tensor:
+    """v rounded half-to-even at its step in a float format of `mantissa_bits` mantissa bits and
+    normal exponents from min_exp (below it subnormal steps 2^(min_exp - mantissa_bits)): the
+    format's nearest value, ties to the even code, for |v| within its range."""
+    e = floor_log2(v.abs(), min_exp, max_exp) - mantissa_bits
+    step = pow2(e, min_exp - mantissa_bits, max_exp - mantissa_bits)
     return torch.round(v / step) * step
 
 
-def _e2m1_steps(mag: torch.Tensor) -> list[torch.Tensor]:
-    """One indicator per e2m1 mid-point: is mag rounded above it? Nearest, ties to the even code:
-    mid-point i (between codes i and i + 1) goes up when i + 1 is even. Scalar comparisons, so no
-    constant tensor is built per call (see pow2)."""
-    return [mag >= mid if i % 2 else mag > mid for i, mid in enumerate(E2M1_MIDS)]
-
-
-def _e2m1_code(mag: torch.Tensor) -> torch.Tensor:
-    """Grid index (0-7) of the e2m1 magnitude nearest to mag (<= 6 assumed)."""
-    return sum(step.long() for step in _e2m1_steps(mag))
+def round_e4m3(v: torch.Tensor) -> torch.Tensor:
+    """fp32 -> the nearest e4m3 value (ties to even), as fp32; |v| beyond 448 saturates to 448
+    (torch's float8_e4m3fn cast would give NaN there). Equal to the float8 cast within range."""
+    return _round_at_step(v.clamp(-E4M3_MAX, E4M3_MAX), E4M3_MANTISSA_BITS, E4M3_MIN_EXP, E4M3_MAX_EXP)
 
 
 def round_e2m1(v: torch.Tensor) -> torch.Tensor:
-    """Round to the e2m1 grid (|v| <= 6 assumed), nearest, ties to the even code."""
-    gaps = [b - a for a, b in pairwise(E2M1_GRID)]
-    mag = sum(step.to(v.dtype) * gap for step, gap in zip(_e2m1_steps(v.abs()), gaps))
-    return torch.where(v < 0, -mag, mag)
+    """Round to the e2m1 grid (|v| <= 6 assumed), nearest, ties to the even code: e2m1 is a float
+    format of one mantissa bit and exponents 0..2 (0, .5, 1, 1.5 | 2, 3 | 4, 6)."""
+    return _round_at_step(v, 1, 0, 2).to(v.dtype)
+
+
+def _e2m1_code(mag: torch.Tensor) -> torch.Tensor:
+    """Grid index (0-7) of an e2m1 magnitude on the grid: 2m below 2, else 2 + 2e + 2(m/2^e - 1)
+    for m = 2^e (1 + f)."""
+    e = floor_log2(mag, 1, 2)
+    high = 2 + 2 * e + (2 * (mag / pow2(e, 1, 2) - 1)).long()
+    return torch.where(mag < 2, (mag * 2).long(), high)
 
 
 def fp8_e4m3_qat(x: torch.Tensor, block: int = 32) -> torch.Tensor:

@@ -20,11 +20,19 @@ E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 def exact_pow2(e: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-    """2^e in fp32 for integer e in [lo, hi], exactly: 2^lo times a power-of-two factor per set bit
-    of e - lo (products of powers of two are exact). Not a gather from a table, whose constant
-    would be a host-to-device copy per call (CUDA-graph capture refuses it), nor Pow/Exp, whose
-    results some runtimes round (both the model's round-trips and the FP4 keys' unpacking export
-    to ONNX with it)."""
+    """2^e in fp32 for integer e in [lo, hi] (within [-149, 128]; 128 gives inf), exactly.
+
+    Eagerly (and under torch.compile): the fp32 bit pattern, 3-4 kernels. While exporting to ONNX,
+    which has no bitcast: 2^lo times a power-of-two factor per set bit of e - lo (products of
+    powers of two are exact). Neither is a gather from a table, whose constant would be a
+    host-to-device copy per call (CUDA-graph capture refuses it), nor Pow/Exp, whose results
+    some runtimes round. tests/test_quant.py checks the first against ldexp, and the exported
+    graph against the eager values bit for bit."""
+    if not torch.compiler.is_exporting():
+        e = e.to(torch.int32)
+        normal = ((e + 127).clamp(1, 255) << 23).view(torch.float32)  # exponent field e + 127
+        low = ((e + 191).clamp(1, 254) << 23).view(torch.float32) * 2.0**-64  # subnormal results
+        return torch.where(e >= -126, normal, low)
     k = (e - lo).float()
     out = torch.full_like(k, 2.0**lo)
     for bit in range((hi - lo).bit_length()):
