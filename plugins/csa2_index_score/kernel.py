@@ -203,7 +203,8 @@ def csa2_index_score_fp4_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, vis_ptr, S, N
     """The same scores with the keys read as stored in the release: 68 B per 128-dim entry
     (64 B of codes, 4 exponents) instead of 256, decoded in registers into the bf16 kernel's
     key tile. H200, 128K entries (docs/benchmarks.md): 25.9 us, 9% of its roofline and still
-    2.7x the bf16 kernel's 9.7 us, so the model keeps bf16 keys. Measured and dropped: one
+    2.7x the bf16 kernel's 9.7 us; kv_qat models, which keep their keys so (model/cache.py), use
+    it where the FP8 path does not fit (few heads, short rows). Measured and dropped: one
     byte and one exponent gather per channel (49 us), 16-channel dots per scale group and
     nibble (55 us), even/odd channel halves with two dots (35-101 us over block sizes), bf16 keys
     built as bit patterns from integer ops alone (25.0 us: the decode arithmetic is not what
