@@ -55,6 +55,9 @@ def floor_log2(v: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
 
 def ceil_log2(v: torch.Tensor) -> torch.Tensor:
     """ceil(log2 v) for fp32-normal v > 0 as an exact int64 (the exponent of a power-of-two scale)."""
+    if not torch.compiler.is_exporting():  # frexp: v = m 2^x, m in [0.5, 1); a power of two has m = 0.5
+        mant, exp = torch.frexp(v)
+        return torch.where(mant == 0.5, exp - 1, exp).long()
     e = floor_log2(v, F32_MIN_EXP, F32_MAX_EXP)
     return e + (pow2(e, F32_MIN_EXP, F32_MAX_EXP) < v).long()
 

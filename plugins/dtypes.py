@@ -31,6 +31,8 @@ def exact_pow2(e: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     if not torch.compiler.is_exporting():
         e = e.to(torch.int32)
         normal = ((e + 127).clamp(1, 255) << 23).view(torch.float32)  # exponent field e + 127
+        if lo >= -126:  # no subnormal result: the round-trips' scales and steps
+            return normal
         low = ((e + 191).clamp(1, 254) << 23).view(torch.float32) * 2.0**-64  # subnormal results
         return torch.where(e >= -126, normal, low)
     k = (e - lo).float()

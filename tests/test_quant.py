@@ -80,13 +80,24 @@ def hard_values(gen) -> torch.Tensor:
     return torch.cat([v, -v])
 
 
-def test_powers_of_two_are_exact_over_the_whole_range():
+@pytest.fixture(params=["eager", "export"])
+def form(request, monkeypatch):
+    """Both forms of the exponent helpers: eager (frexp, bit patterns) and the one the ONNX
+    export traces (log2 guess settled by exact powers, power-of-two products)."""
+    if request.param == "export":
+        monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    return request.param
+
+
+def test_powers_of_two_are_exact_over_the_whole_range(form):
     e = torch.arange(-126, 129)
     assert torch.equal(pow2(e, -126, 128), torch.ldexp(torch.ones(255), e.int()))
     assert torch.equal(pow2(torch.tensor([[-9, 5]]), -9, 5), torch.tensor([[2.0**-9, 32.0]]))
+    e = torch.arange(-128, 128)  # the FP4 keys' int8 exponents (unpack_keys_fp4): subnormals too
+    assert torch.equal(pow2(e, -128, 127), torch.ldexp(torch.ones(256), e.int()))
 
 
-def test_exponents_equal_frexp(gen):
+def test_exponents_equal_frexp(gen, form):
     v = hard_values(gen).abs()
     v = v[v >= 2.0**-126]
     mant, exp = torch.frexp(v)
@@ -96,14 +107,14 @@ def test_exponents_equal_frexp(gen):
     assert floor_log2(small, -6, 8).tolist() == [-6, -6, -6, -6, 8, 8]  # clamped to the range
 
 
-def test_e4m3_rounding_equals_the_float8_cast(gen):
+def test_e4m3_rounding_equals_the_float8_cast(gen, form):
     v = hard_values(gen)
     v = v[v.abs() <= 448]
     assert torch.equal(round_e4m3(v), v.to(torch.float8_e4m3fn).float())
     assert round_e4m3(torch.tensor([1e6, -1e6])).tolist() == [448.0, -448.0]  # saturates
 
 
-def test_e2m1_rounding_equals_bucketize(gen):
+def test_e2m1_rounding_equals_bucketize(gen, form):
     v = hard_values(gen).clamp(-6, 6)
     grid = torch.tensor(E2M1_GRID)
     mids = torch.tensor(E2M1_MIDS)
