@@ -132,3 +132,24 @@ def test_flips_at_many_steps_fail_the_check(qat_bundle, qat_model, gen):
     n = len(steps)
     assert len(report.flips) == n > 4
     assert not report.passed and report.first_failure.startswith(f"rounding flips at {n} of {n} steps")
+
+
+@pytest.mark.parametrize("backend", ["ort", "ort-plugin"])
+def test_kv_qat_runtime_serves_the_fp4_key_state(qat_bundle, qat_model, gen, backend):
+    """The runtime over a kv_qat bundle: the cache manager keeps the uint8/int8 key state that
+    the graphs read and return, with continuous batching; tokens equal PyTorch's, one request at a
+    time."""
+    from dsflash.runtime.cache_manager import CacheManager
+    from dsflash.runtime.engine import make_engines
+    from dsflash.runtime.generator import Generator
+    from dsflash.runtime.request import GenerationParams
+
+    cfg = qat_model.cfg
+    prompts = [random_ids(gen, 1, n, cfg.vocab_size)[0].tolist() for n in (17, 6)]
+    expected = [generate(qat_model, [p], 12)[0] for p in prompts]
+    manager = CacheManager(cfg, 2, 64)
+    assert manager.cache.tensors["index_k.1"].dtype == torch.uint8
+    g = Generator(make_engines(backend, bundle=qat_bundle, model=qat_model), manager)
+    ids = [g.add(p, GenerationParams(max_new_tokens=12)) for p in prompts]
+    done = g.run()
+    assert [done[i].tokens for i in ids] == expected
