@@ -54,12 +54,28 @@ def _differing_layers(got: dict, want: dict, tol: dict, first_layer: int) -> dic
             sel = bad[layer]
             layers.setdefault(first_layer + int(layer), []).append(
                 (E4M3_MANTISSA_BITS, got[WINDOW_ROWS][layer][sel], want[WINDOW_ROWS][layer][sel]))
-    for name, ref in want.items():
+    for name in want:
         if name.startswith(ENTRY_OUTPUTS):
-            bad = mismatch(got[name], ref, tol)
+            g, w = _entry_values(got, name), _entry_values(want, name)
+            bad = mismatch(g, w, tol)
             if bad.any():
-                layers.setdefault(int(name.split(".")[-1]), []).append((None, got[name][bad], ref[bad]))
+                layers.setdefault(int(name.split(".")[-1]), []).append((None, g[bad], w[bad]))
     return layers
+
+
+def _entry_values(outputs: dict, name: str) -> np.ndarray:
+    """An entry output's values: kv_qat's index keys come packed (new_index_k codes with the
+    new_index_e exponents, model/cache.py), compared as the FP4 values they stand for, so a
+    differing code byte or exponent counts as what it changes."""
+    value = outputs[name]
+    if value.dtype != np.uint8:
+        return value
+    import torch
+
+    from dsflash.plugins.csa2_index_score.reference import unpack_keys_fp4
+
+    exps = outputs[name.replace("new_index_k.", "new_index_e.")]
+    return unpack_keys_fp4(torch.from_numpy(value), torch.from_numpy(exps), torch.float32).numpy()
 
 
 def explain_flip(got: dict, want: dict, tol: dict, first_layer: int = 0) -> str | None:

@@ -153,3 +153,19 @@ def test_kv_qat_runtime_serves_the_fp4_key_state(qat_bundle, qat_model, gen, bac
     ids = [g.add(p, GenerationParams(max_new_tokens=12)) for p in prompts]
     done = g.run()
     assert [done[i].tokens for i in ids] == expected
+
+
+def test_packed_index_keys_are_compared_as_their_fp4_values():
+    """kv_qat steps return index keys packed: a flip there is judged on the values the codes and
+    exponents stand for (0.5 -> 1.0 is one e2m1 step; a sign is not)."""
+    from dsflash.model.quant import fp4_pow2_pack
+
+    codes, exps = fp4_pow2_pack(torch.tensor([[[0.5, 1.0] + [0.0] * 30]]) * 3.0)
+    want = {"new_index_k.4": codes.numpy(), "new_index_e.4": exps.numpy(),
+            "logits": np.array([[0.0, 1.0]], np.float32)}
+    got = {k: v.copy() for k, v in want.items()}
+    low = int(got["new_index_k.4"][0, 0, 0]) & 15
+    got["new_index_k.4"][0, 0, 0] = (int(got["new_index_k.4"][0, 0, 0]) & 0xF0) | (low + 1)  # next code up
+    assert explain_flip(got, want, MODEL) == "rounding flip at layer 4: 1 element(s) one grid step apart"
+    got["new_index_k.4"][0, 0, 0] = (int(want["new_index_k.4"][0, 0, 0]) & 0xF0) | (low | 8)  # sign
+    assert explain_flip(got, want, MODEL) is None

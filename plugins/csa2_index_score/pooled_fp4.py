@@ -120,23 +120,27 @@ def listed_fp4_scores(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: torc
     dtype = torch.float32 if interpreting() else torch.bfloat16
     if heads >= 16 and heads == next_pow2(heads) and q_BSIJ.dtype == dtype:
         return csa2_index_score_fp4_pooled(q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP)
-    from dsflash.plugins.csa2_index_score.reference import unpack_keys_fp4
+    from dsflash.plugins.csa2_index_score.reference import csa2_index_score, unpack_keys_fp4
 
     op = "Csa2IndexScore(fp4, pooled)"
     n = check_fp4_keys(op, q_BSIJ, codes_BNH, exps_BNG)
-    b, s, _, _ = q_BSIJ.shape
+    b, s, heads, j = q_BSIJ.shape
     check_shape(op, "entries", entries_BSP, (b, s, None))
+    p = entries_BSP.shape[2]
+    _check(op, q_BSIJ, w_BSI, p)
+    check_dtype(op, "entries", entries_BSP, (torch.int32, torch.int64))
     ids = entries_BSP.long()
     listed = (ids >= 0) & (ids < n)
-    rows = ids.clamp(0, max(n - 1, 0)).flatten(1).unsqueeze(-1)  # [B, S*P, 1]
     if n == 0:
         return torch.full(ids.shape, float("-inf"), dtype=torch.float32, device=ids.device)
+    rows = ids.clamp(0, n - 1).flatten(1).unsqueeze(-1)  # [B, S*P, 1]
     codes = codes_BNH.gather(1, rows.expand(-1, -1, codes_BNH.shape[2]))
     exps = exps_BNG.gather(1, rows.expand(-1, -1, exps_BNG.shape[2]))
-    keys = unpack_keys_fp4(codes, exps, torch.float32).view(b, s, ids.shape[2], -1)
-    dots = torch.einsum("bsij,bspj->bsip", q_BSIJ.float(), keys).relu()
-    scores = torch.einsum("bsip,bsi->bsp", dots, w_BSI.float())
-    return scores.masked_fill(~listed, float("-inf"))
+    keys = unpack_keys_fp4(codes, exps, torch.float32).view(b * s, p, j)
+    # each query row against its own listed keys: the reference with one row per batch item
+    scores = csa2_index_score(q_BSIJ.reshape(b * s, 1, heads, j), w_BSI.reshape(b * s, 1, heads), keys,
+                              listed.view(b * s, 1, p))
+    return scores.view(b, s, p)
 
 
 def pooled_fp4_config(rows: int, p: int, device: torch.device) -> dict:
