@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from dsflash.model.cache import index_key_specs, resolve_shape, spec_dtype, state_layout, static_dims
+from dsflash.model.cache import (
+    entry_specs,
+    index_key_specs,
+    resolve_shape,
+    spec_dtype,
+    state_layout,
+    static_dims,
+)
 from dsflash.model.config import ModelConfig
 
 GRAPHS = ("encoder_prefill", "decoder_step")
@@ -50,7 +57,7 @@ def reads(cfg: ModelConfig, graph: str, state_name: str) -> bool:
     if state_name == "replay_start":
         return False
     d = cfg.first_decoder_layer
-    return state_name not in (f"kv.{d}", f"index_k.{d}", f"index_e.{d}")
+    return state_name not in (f"kv.{d}", f"kv_scale.{d}", f"index_k.{d}", f"index_e.{d}")
 
 
 def graph_inputs(cfg: ModelConfig, graph: str) -> list[GraphTensor]:
@@ -69,8 +76,8 @@ def graph_outputs(cfg: ModelConfig, graph: str) -> list[GraphTensor]:
                        "window rows of every layer the graph ran, for positions seq_len ..")]
     for src in cfg.kv_source_layer_ids:
         m = cfg.layer_ratio(src)
-        out.append(GraphTensor(f"new_kv.{src}", "model", ("B", "S", "Dh"), "entry per row"))
-        out += [GraphTensor(f"new_{s.name}", s.dtype, s.shape) for s in index_key_specs(cfg, src, ("B", "S"))]
+        out += [GraphTensor(f"new_{s.name}", s.dtype, s.shape, "entry per row")
+                for s in entry_specs(cfg, src, ("B", "S")) + index_key_specs(cfg, src, ("B", "S"))]
         out.append(GraphTensor(f"new_group.{src}", "int64", ("B", "S"),
                                "entry index each row completes, -1 where none"))
         if m > 1:

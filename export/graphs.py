@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from dsflash.export.contract import graph_inputs, graph_outputs
-from dsflash.model.cache import index_key_specs, resolve_shape, spec_dtype
+from dsflash.model.cache import entry_specs, index_key_specs, resolve_shape, spec_dtype
 from dsflash.model.model import DSFlashModel
 
 
@@ -35,8 +35,7 @@ class GraphModule(nn.Module):
             state["replay_start"] = torch.zeros_like(state["seq_len"])
             if cfg.layer_role(d) == "full":  # layer D only publishes: its cached entries are unused
                 b = ids.shape[0]
-                state[f"kv.{d}"] = state["swa_kv"].new_zeros(b, 0, cfg.head_dim)
-                for spec in index_key_specs(cfg, d, ("B", "N1")):
+                for spec in entry_specs(cfg, d, ("B", "N1")) + index_key_specs(cfg, d, ("B", "N1")):
                     shape = resolve_shape(spec.shape, cfg, b, 0)
                     dtype = spec_dtype(spec.dtype, state["swa_kv"].dtype)
                     state[spec.name] = state["swa_kv"].new_zeros(shape, dtype=dtype)
@@ -48,7 +47,7 @@ class GraphModule(nn.Module):
         outputs = {"new_swa_rows": adds["swa_rows"], "new_engram_hist": adds["engram_hist"],
                    "new_seq_len": adds["seq_len"], "logits": logits}
         for src in cfg.kv_source_layer_ids:
-            for key in ("kv", "index_k", "index_e", "group", "comp_kv", "comp_score"):
+            for key in ("kv", "kv_scale", "index_k", "index_e", "group", "comp_kv", "comp_score"):
                 if f"{key}.{src}" in adds:
                     outputs[f"new_{key}.{src}"] = adds[f"{key}.{src}"]
         return tuple(outputs[name] for name in self.output_names)

@@ -66,12 +66,14 @@ def _export_program(model: DSFlashModel, graph: str, flavor: str):
     example = tuple(t.to(model.embed.weight.device) for t in example)
     dynamic = tuple({axis: torch.export.Dim.AUTO for axis in t.dynamic_axes()}
                     for t in graph_inputs(cfg, graph))
-    previous = model.ops.backend, model.ops.split_attention, model.ops.split_mhc
+    previous = model.ops.backend, model.ops.split_attention, model.ops.split_mhc, model.ops.entry_form
     model.ops.backend = "custom_op" if flavor == "plugin" else "reference"
     # decoder_step runs decode steps (one row per sequence): its attention and mHC nodes take the
     # split forms, whose key / channel splits a TensorRT plugin cannot do inside one node
     # (plugins/registry.py)
     model.ops.split_attention = model.ops.split_mhc = flavor == "plugin" and graph == "decoder_step"
+    # kv_qat's FP4 entries: a decode step decodes the ones it selects, a prefill all of them once
+    model.ops.entry_form = "selected" if graph == "decoder_step" else "all"
     try:
         with torch.no_grad(), export_form(model):
             program = torch.onnx.export(
@@ -79,7 +81,7 @@ def _export_program(model: DSFlashModel, graph: str, flavor: str):
                 output_names=module.output_names, dynamic_shapes=(dynamic,), optimize=False,
                 custom_translation_table=translation_table(flavor), verbose=False)
     finally:
-        model.ops.backend, model.ops.split_attention, model.ops.split_mhc = previous
+        model.ops.backend, model.ops.split_attention, model.ops.split_mhc, model.ops.entry_form = previous
     return program
 
 

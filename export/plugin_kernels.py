@@ -23,6 +23,7 @@ def plugin_kernels(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, vocab_
     from dsflash.plugins.csa2_index_score import trt_fp4 as index_fp4_trt
     from dsflash.plugins.csa2_sparse_attention import splits
     from dsflash.plugins.csa2_sparse_attention import trt as attn_trt
+    from dsflash.plugins.csa2_sparse_attention import trt_entries_fp4 as entries_fp4_trt
     from dsflash.plugins.csa2_sparse_attention import trt_split as attn_split_trt
     from dsflash.plugins.engram_hash_gather import trt as engram_trt
     from dsflash.plugins.mhc_boundary import splits as mhc_splits
@@ -48,6 +49,8 @@ def plugin_kernels(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, vocab_
             dtype, cfg.num_attention_heads, cfg.head_dim, cfg.head_dim ** -0.5,
             overrides=attn_trt.tactic_overrides(tactic, dtype, cfg.num_attention_heads, cfg.head_dim))
     heads, dim = cfg.num_attention_heads, cfg.head_dim
+    if cfg.kv_qat:  # the entries are FP4 in the state too: Csa2EntriesFp4 nodes decode them
+        kernels["Csa2EntriesFp4"] = entries_fp4_trt.aot_kernel(dtype, dim)
     block_keys = splits.export_attrs(heads, dim)["block_keys"]
     for tactic in attn_split_trt.tactics():  # decoder_step's split form
         kernels[_tactic_name("Csa2SparseAttentionSplit", tactic)] = attn_split_trt.split_kernel(

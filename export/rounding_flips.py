@@ -64,18 +64,23 @@ def _differing_layers(got: dict, want: dict, tol: dict, first_layer: int) -> dic
 
 
 def _entry_values(outputs: dict, name: str) -> np.ndarray:
-    """An entry output's values: kv_qat's index keys come packed (new_index_k codes with the
-    new_index_e exponents, model/cache.py), compared as the FP4 values they stand for, so a
-    differing code byte or exponent counts as what it changes."""
+    """An entry output's values: kv_qat's entries and index keys come packed (new_kv codes with
+    the new_kv_scale e4m3 scale bits, new_index_k codes with the new_index_e exponents,
+    model/cache.py), compared as the FP4 values they stand for, so a differing code byte, scale or
+    exponent counts as what it changes."""
     value = outputs[name]
     if value.dtype != np.uint8:
         return value
     import torch
 
     from dsflash.plugins.csa2_index_score.reference import unpack_keys_fp4
+    from dsflash.plugins.csa2_sparse_attention.reference import unpack_entries_fp4
 
-    exps = outputs[name.replace("new_index_k.", "new_index_e.")]
-    return unpack_keys_fp4(torch.from_numpy(value), torch.from_numpy(exps), torch.float32).numpy()
+    if name.startswith("new_kv."):
+        unpack, side = unpack_entries_fp4, outputs[name.replace("new_kv.", "new_kv_scale.")]
+    else:
+        unpack, side = unpack_keys_fp4, outputs[name.replace("new_index_k.", "new_index_e.")]
+    return unpack(torch.from_numpy(value), torch.from_numpy(side), torch.float32).numpy()
 
 
 def explain_flip(got: dict, want: dict, tol: dict, first_layer: int = 0) -> str | None:

@@ -21,18 +21,20 @@ from torch import nn
 from dsflash.model import csa2_ops as ops
 from dsflash.model.dtypes import cast, f32
 from dsflash.model.norm_rope import RMSNorm, Rotary, apply_rope, rms_norm
-from dsflash.model.quant import fp4_e4m3scale_qat, fp4_pow2_pack, fp4_pow2_qat, fp8_e4m3_qat
+from dsflash.model.quant import fp4_e4m3scale_pack, fp4_pow2_pack, fp4_pow2_qat, fp8_e4m3_qat
 
 
 @dataclass
 class SourceEntries:
     """A KV source's entries visible this step: cached ones, then one candidate per new row. With
-    kv_qat the index keys are FP4: codes [B, N, J/2] uint8 in index_k_BNJ, exponents in index_e_BNG."""
+    kv_qat both are FP4: the entries' codes [B, N, D/2] uint8 in kv_BND with their e4m3 scale bits
+    in kv_scale_BNG, the index keys' codes [B, N, J/2] in index_k_BNJ with exponents in index_e_BNG."""
 
     kv_BND: torch.Tensor
     index_k_BNJ: torch.Tensor
     group_BN: torch.Tensor
     index_e_BNG: torch.Tensor | None = None
+    kv_scale_BNG: torch.Tensor | None = None
 
 
 @dataclass
@@ -58,6 +60,7 @@ class SourceState:
     comp_kv: torch.Tensor
     comp_score: torch.Tensor
     index_e_BNG: torch.Tensor | None = None  # kv_qat: FP4 index keys (SourceEntries)
+    kv_scale_BNG: torch.Tensor | None = None  # kv_qat: FP4 entries (SourceEntries)
 
 
 class Compressor(nn.Module):
@@ -154,7 +157,10 @@ class CSA2Attention(nn.Module):
             glob = kv.new_zeros(kv.shape[0], 1, cfg.head_dim)
             idx = torch.full_like(pos_BS, -1).unsqueeze(-1)
         else:
-            glob = shared.entries[cfg.kv_source_of(self.layer)].kv_BND
+            src = shared.entries[cfg.kv_source_of(self.layer)]
+            glob = src.kv_BND
+            if src.kv_scale_BNG is not None:  # kv_qat: FP4 entries, the selected ones decoded
+                glob, idx = self.ops.csa2_entries_fp4(q, glob, src.kv_scale_BNG, idx)
         o = self.ops.csa2_sparse_attention(q, glob, idx, win_kv, mask, self.attn_sink,
                                            cfg.head_dim ** -0.5)
         o = apply_rope(o, cos.unsqueeze(-2), sin.unsqueeze(-2), inverse=True)
@@ -175,16 +181,20 @@ class CSA2Attention(nn.Module):
         group = ops.completed_group(pos_BS, m)
         cos, sin = self.rotary.cos_sin(torch.clamp_min(group, 0) * m)
         keys = self.indexer.keys(latent, cos, sin, self.cfg.kv_qat)
-        entry = apply_rope(latent, cos, sin)
-        if self.cfg.kv_qat:
-            entry = fp4_e4m3scale_qat(entry)
-        exps = keys.get("index_e")
+        entry = {"kv": apply_rope(latent, cos, sin)}
+        if self.cfg.kv_qat:  # the release's FP4 entries, stored packed (exactly fp4_e4m3scale_qat's values)
+            entry = dict(zip(("kv", "kv_scale"), fp4_e4m3scale_pack(entry["kv"])))
+
+        def grown(cached, new):
+            return None if new is None else torch.cat((cached, new), dim=1)
+
         shared.entries[self.layer] = SourceEntries(
-            kv_BND=torch.cat((source.kv_BND, entry), dim=1),
-            index_k_BNJ=torch.cat((source.index_k_BNJ, keys["index_k"]), dim=1),
-            group_BN=torch.cat((source.group_BN, group), dim=1),
-            index_e_BNG=None if exps is None else torch.cat((source.index_e_BNG, exps), dim=1))
-        return {"kv": entry, **keys, "group": group, "comp_kv": su, "comp_score": sz}
+            kv_BND=grown(source.kv_BND, entry["kv"]),
+            index_k_BNJ=grown(source.index_k_BNJ, keys["index_k"]),
+            group_BN=grown(source.group_BN, group),
+            index_e_BNG=grown(source.index_e_BNG, keys.get("index_e")),
+            kv_scale_BNG=grown(source.kv_scale_BNG, entry.get("kv_scale")))
+        return {**entry, **keys, "group": group, "comp_kv": su, "comp_score": sz}
 
     def _select(self, qr, x_BSE, pos_BS, cos, sin, shared: StepShared) -> torch.Tensor | None:
         cfg = self.cfg

@@ -1,7 +1,10 @@
 """The reference model's cache: the state of PIPELINE.md §3 for `batch` slots and `capacity` tokens.
 
   swa_kv              [L, B, W, D]     window ring of every layer, slot = position mod W
-  kv.<src>            [B, C/m, D]      compressed global KV of each KV source (ratio m)
+  kv.<src>            [B, C/m, D]      compressed global KV of each KV source (ratio m); with kv_qat
+                                       the release's FP4 form: e2m1 codes [B, C/m, D/2] uint8
+  kv_scale.<src>      [B, C/m, D/16]   kv_qat only: each 16-channel block's e4m3 scale, its bits
+                      uint8            (model/quant.py:fp4_e4m3scale_pack; 288 B per 512-dim entry)
   index_k.<src>       [B, C/m, J]      indexer keys of each KV source; with kv_qat the release's
                                        FP4 form: e2m1 codes [B, C/m, J/2] uint8 (two per byte)
   index_e.<src>       [B, C/m, J/32]   kv_qat only: each 32-channel block's power-of-two exponent
@@ -43,8 +46,7 @@ def state_layout(cfg: ModelConfig) -> list[StateSpec]:
                        0.0, "window ring of every layer, slot = position mod W")]
     for src in cfg.kv_source_layer_ids:
         m = cfg.layer_ratio(src)
-        specs.append(StateSpec(f"kv.{src}", "model", ("B", f"N{m}", "Dh"), (src,), 0.0,
-                               f"compressed global KV of source layer {src} (ratio {m})"))
+        specs += entry_specs(cfg, src, ("B", f"N{m}"))
         specs += index_key_specs(cfg, src, ("B", f"N{m}"))
         if m > 1:
             specs += [StateSpec(f"comp_kv.{src}", "float32", ("B", str(m - 1), "Dh"), (src,), 0.0,
@@ -57,6 +59,20 @@ def state_layout(cfg: ModelConfig) -> list[StateSpec]:
               StateSpec("replay_start", "int64", ("B",), (), 0,
                         "first position whose decoder-layer window rows exist")]
     return specs
+
+
+def entry_specs(cfg: ModelConfig, src: int, rows: tuple[str, ...]) -> list[StateSpec]:
+    """Compressed entries of KV source src with leading dims `rows`: in the model dtype, or with
+    kv_qat the FP4 codes and e4m3 scales they are exactly (CSA2Attention._publish)."""
+    m = cfg.layer_ratio(src)
+    if not cfg.kv_qat:
+        return [StateSpec(f"kv.{src}", "model", (*rows, "Dh"), (src,), 0.0,
+                          f"compressed global KV of source layer {src} (ratio {m})")]
+    return [StateSpec(f"kv.{src}", "uint8", (*rows, "Dh_codes"), (src,), 0,
+                      f"compressed global KV of source layer {src} (ratio {m}): FP4 e2m1 codes, "
+                      "two per byte"),
+            StateSpec(f"kv_scale.{src}", "uint8", (*rows, "Dh_blocks"), (src,), 0,
+                      f"compressed global KV of source layer {src}: e4m3 scale bits per 16 channels")]
 
 
 def index_key_specs(cfg: ModelConfig, src: int, rows: tuple[str, ...]) -> list[StateSpec]:
@@ -73,7 +89,8 @@ def index_key_specs(cfg: ModelConfig, src: int, rows: tuple[str, ...]) -> list[S
 
 def static_dims(cfg: ModelConfig) -> dict[str, int]:
     return {"L": cfg.num_hidden_layers, "D_enc": cfg.first_decoder_layer, "W": cfg.sliding_window,
-            "Dh": cfg.head_dim, "J": cfg.index_head_dim, "J_codes": cfg.index_head_dim // 2,
+            "Dh": cfg.head_dim, "Dh_codes": cfg.head_dim // 2, "Dh_blocks": cfg.head_dim // 16,
+            "J": cfg.index_head_dim, "J_codes": cfg.index_head_dim // 2,
             "J_blocks": cfg.index_head_dim // 32, "V": cfg.vocab_size, "Hist": cfg.engram_max_ngram_size - 1}
 
 
@@ -202,7 +219,7 @@ class ModelCache:
         """Compressed entries of KV source src at the groups the step completed (group >= 0)."""
         group = adds[f"group.{src}"]  # [b, S]
         pools = [(self.tensors[f"{kind}.{src}"], adds[f"{kind}.{src}"])
-                 for kind in ("kv", "index_k", "index_e") if f"{kind}.{src}" in self.tensors]
+                 for kind in ("kv", "kv_scale", "index_k", "index_e") if f"{kind}.{src}" in self.tensors]
         if group.shape[1] == 1 and pools[0][0].shape[1] > 0:
             # a decode step: one row per slot, so no two writes collide; a row that completes no
             # group writes back what its slot holds at entry 0 (no host round trip to find rows)

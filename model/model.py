@@ -206,8 +206,7 @@ class DSFlashModel(nn.Module):
         state = cache.gather(cache.slot_index(None))
         state["swa_kv"] = state["swa_kv"][:, :, :0]
         for src in self.cfg.kv_source_layer_ids:
-            state[f"kv.{src}"] = state[f"kv.{src}"][:, :0]
-            for key in (f"index_k.{src}", f"index_e.{src}"):
+            for key in (f"kv.{src}", f"kv_scale.{src}", f"index_k.{src}", f"index_e.{src}"):
                 if key in state:
                     state[key] = state[key][:, :0]
         return state
@@ -235,8 +234,9 @@ class DSFlashModel(nn.Module):
         n_done = (state["seq_len"] // m).unsqueeze(1)
         g = torch.arange(kv.shape[1], device=kv.device).unsqueeze(0)
         b = kv.shape[0]
-        empty = kv.new_zeros(b, 0, kv.shape[-1], dtype=torch.float32)
-        return SourceState(kv_BND=kv, index_k_BNJ=state[f"index_k.{layer}"],
+        empty = kv.new_zeros(b, 0, self.cfg.head_dim, dtype=torch.float32)
+        return SourceState(kv_BND=kv, kv_scale_BNG=state.get(f"kv_scale.{layer}"),
+                           index_k_BNJ=state[f"index_k.{layer}"],
                            index_e_BNG=state.get(f"index_e.{layer}"),
                            group_BN=torch.where(g < n_done, g, torch.full_like(g, -1)).expand(b, -1),
                            comp_kv=state.get(f"comp_kv.{layer}", empty),

@@ -1,7 +1,9 @@
 """The model's own quantisation round-trips (ARCHITECTURE.md Part B §2 "QAT round-trips").
 
-These are value-level simulations (quantise, then dequantise in the input dtype); storage stays
-bf16/fp32 in the reference. Enabled by `ModelConfig.kv_qat`.
+These are value-level simulations (quantise, then dequantise in the input dtype), enabled by
+`ModelConfig.kv_qat`. The cache keeps the window KV in the model dtype, and the index keys and
+compressed entries packed as the release stores them (fp4_pow2_pack, fp4_e4m3scale_pack): the
+values are the same.
   window KV:      FP8 e4m3 per 32 channels, power-of-two scale 2^ceil(log2(max(amax,1e-4)/448))
   index q / k:    FP4 e2m1 per 32, power-of-two scale 2^ceil(log2(max(amax, 6*2^-126)/6))
   compressed KV:  FP4 e2m1 per 16, e4m3-rounded scale e4m3(max(amax, 6*2^-9)/6)
@@ -124,14 +126,44 @@ def fp4_pow2_pack(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch
     exponent. plugins/csa2_index_score/reference.py:unpack_keys_fp4 inverts it:
     unpack(pack(x)) == qat(x)."""
     v, _, e = _fp4_pow2(x, block)
-    v = v.flatten(-2)
+    return _pack_e2m1(v.flatten(-2)), e.squeeze(-1).to(torch.int8)
+
+
+def _pack_e2m1(v: torch.Tensor) -> torch.Tensor:
+    """e2m1 grid values [..., D] -> codes two per byte [..., D/2] uint8 (even channel in the low
+    nibble; bit 3 the sign, bits 0-2 the grid index; a zero packs as +0)."""
     code = _e2m1_code(v.abs()) + (v < 0).long() * 8
-    packed = (code[..., 0::2] + code[..., 1::2] * 16).to(torch.uint8)
-    return packed, e.squeeze(-1).to(torch.int8)
+    return (code[..., 0::2] + code[..., 1::2] * 16).to(torch.uint8)
 
 
-def fp4_e4m3scale_qat(x: torch.Tensor, block: int = 16) -> torch.Tensor:
+def _fp4_e4m3scale(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e2m1 grid values [..., blocks, block], e4m3 scales [..., blocks, 1]), both fp32."""
     xb = _blocks(x, block)
     amax = xb.abs().amax(-1, keepdim=True)
     s = round_e4m3(amax.clamp_min(6 * 2.0**-9) / 6.0)
-    return (round_e2m1((xb / s).clamp(-6.0, 6.0)) * s).flatten(-2).to(x.dtype)
+    return round_e2m1((xb / s).clamp(-6.0, 6.0)), s
+
+
+def fp4_e4m3scale_qat(x: torch.Tensor, block: int = 16) -> torch.Tensor:
+    v, s = _fp4_e4m3scale(x, block)
+    return (v * s).flatten(-2).to(x.dtype)
+
+
+def e4m3_code(s: torch.Tensor) -> torch.Tensor:
+    """The float8_e4m3fn bits (int64, 0-126) of e4m3 values s in [0, 448]: exponent field E (bias
+    7) times 8 plus the mantissa m; E = 0 holds the subnormals m 2^-9. Arithmetic, so that it
+    exports (equal to torch's float8 cast's bits: tests/test_quant.py)."""
+    e = floor_log2(s, E4M3_MIN_EXP, E4M3_MAX_EXP)
+    normal = s >= 2.0**E4M3_MIN_EXP
+    mant = torch.where(normal, s / pow2(e, E4M3_MIN_EXP, E4M3_MAX_EXP) * 8 - 8, s * 2.0**9)
+    return torch.where(normal, (e + 7) * 8, 0) + mant.long()
+
+
+def fp4_e4m3scale_pack(x: torch.Tensor, block: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """The storage behind fp4_e4m3scale_qat (the release's compressed KV entries, 288 B per
+    512-dim entry instead of 1,024 in bf16): e2m1 codes two per byte as fp4_pow2_pack packs them,
+    and each 16-channel block's e4m3 scale as its float8_e4m3fn bits (uint8).
+    plugins/csa2_sparse_attention/reference.py:unpack_entries_fp4 inverts it: unpack(pack(x)) ==
+    qat(x)."""
+    v, s = _fp4_e4m3scale(x, block)
+    return _pack_e2m1(v.flatten(-2)), e4m3_code(s.squeeze(-1)).to(torch.uint8)

@@ -56,3 +56,24 @@ def e2m1_magnitude(code: torch.Tensor) -> torch.Tensor:
     odd = m - 2 * torch.floor(m * 0.5)
     high = torch.where(m >= 6, 4.0, 2.0) * (1 + 0.5 * odd)
     return torch.where(m < 4, m * 0.5, high)
+
+
+def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
+    """FP4 codes two per byte (low nibble first, bit 3 the sign) [..., C] -> their e2m1 grid
+    values [..., 2C] in fp32. Arithmetic on int64 rather than bit operations on uint8 (which ONNX
+    export mistypes) and no constant tensors (the reasons of exact_pow2)."""
+    byte = codes.long()
+    nib = torch.stack([byte % 16, byte // 16], dim=-1).flatten(-2)
+    mag = e2m1_magnitude(nib)
+    return torch.where(nib >= 8, -mag, mag)
+
+
+def e4m3_value(bits: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn bits (0-126 as uint8 or int64: no sign, no NaN) -> the value in fp32, by
+    arithmetic (as e2m1_values): exponent field E = bits // 8, mantissa m = bits % 8; (8 + m)
+    2^(E - 10) for E >= 1, m 2^-9 for the subnormals."""
+    b = bits.long()
+    e = b // 8
+    m = (b - e * 8).float()
+    normal = (8 + m) * exact_pow2(e - 10, -10, 5)
+    return torch.where(e > 0, normal, m * 2.0**-9)

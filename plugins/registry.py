@@ -20,6 +20,7 @@ from dsflash.plugins.csa2_index_score.reference import csa2_index_score_pooled a
 from dsflash.plugins.csa2_sparse_attention import splits
 from dsflash.plugins.csa2_sparse_attention.decl import COMBINE_DECL as ATTENTION_COMBINE
 from dsflash.plugins.csa2_sparse_attention.decl import DECL as SPARSE_ATTENTION
+from dsflash.plugins.csa2_sparse_attention.decl import ENTRIES_FP4_DECL as ENTRIES_FP4
 from dsflash.plugins.csa2_sparse_attention.decl import SPLIT_DECL as SPARSE_ATTENTION_SPLIT
 from dsflash.plugins.declaration import OpDecl
 from dsflash.plugins.engram_hash_gather.decl import DECL as ENGRAM_HASH_GATHER
@@ -31,9 +32,10 @@ from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_ref
 
 DECLS: tuple[OpDecl, ...] = (ENGRAM_HASH_GATHER, INDEX_SCORE, SPARSE_ATTENTION, MHC_BOUNDARY,
                              SPARSE_ATTENTION_SPLIT, ATTENTION_COMBINE, MHC_PARTIALS, MHC_FINISH,
-                             INDEX_SCORE_FP4)
+                             INDEX_SCORE_FP4, ENTRIES_FP4)
 BACKENDS = ("reference", "custom_op", "triton")
 POOL_FORMS = ("auto", "mask", "list")
+ENTRY_FORMS = ("auto", "selected", "all")
 
 
 def decl_by_name(name: str) -> OpDecl:
@@ -52,6 +54,7 @@ def _triton_kernels() -> dict:
     from dsflash.plugins.csa2_index_score.pool_list import listed_picks, pool_entry_list
     from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
     from dsflash.plugins.csa2_index_score.pooled_fp4 import listed_fp4_scores
+    from dsflash.plugins.csa2_sparse_attention.entries_fp4 import csa2_entries_fp4
     from dsflash.plugins.csa2_sparse_attention.kernel import SparseAttentionLauncher
     from dsflash.plugins.engram_hash_gather.kernel import engram_hash_gather
     from dsflash.plugins.mhc_boundary.kernel import MhcBoundaryLauncher
@@ -61,7 +64,8 @@ def _triton_kernels() -> dict:
             "csa2_sparse_attention": SparseAttentionLauncher(), "mhc_boundary": MhcBoundaryLauncher(),
             "stable_topk": StableTopkLauncher(), "csa2_index_score_pooled": csa2_index_score_pooled,
             "pool_entry_list": pool_entry_list, "listed_picks": listed_picks,
-            "csa2_index_score_fp4": csa2_index_score_fp4, "csa2_index_score_fp4_pooled": listed_fp4_scores}
+            "csa2_index_score_fp4": csa2_index_score_fp4, "csa2_index_score_fp4_pooled": listed_fp4_scores,
+            "csa2_entries_fp4": csa2_entries_fp4}
 
 
 class OpSet:
@@ -76,15 +80,32 @@ class OpSet:
     form): a [B, S, N] mask over the index scores of all N entries; "list": the pooled entries'
     ids (model/csa2_ops.py:pool_entry_list), whose P scores alone are computed and ranked
     (csa2_index_score_pooled), the same selection; "auto": the list on the Triton backend, where
-    it reads 1/8 of the keys at the released sizes, the mask elsewhere."""
+    it reads 1/8 of the keys at the released sizes, the mask elsewhere.
+
+    `entry_form`: which of kv_qat's FP4 compressed entries the attention gets decoded
+    (csa2_entries_fp4). "selected": the S*K its rows select (a decode step); "all": every entry
+    once (a prefill, where S*K would outgrow N); "auto": the smaller of the two, by shape (export
+    sets the form per graph instead, since a graph's S and N are not known when it is traced)."""
 
     def __init__(self, backend: str = "reference", use_topk_kernel: bool = True,
-                 split_attention: bool = False, split_mhc: bool = False, pool_form: str = "auto"):
+                 split_attention: bool = False, split_mhc: bool = False, pool_form: str = "auto",
+                 entry_form: str = "auto"):
         self.backend = backend
         self.use_topk_kernel = use_topk_kernel
         self.split_attention = split_attention
         self.split_mhc = split_mhc
         self.pool_form = pool_form
+        self.entry_form = entry_form
+
+    @property
+    def entry_form(self) -> str:
+        return self._entry_form
+
+    @entry_form.setter
+    def entry_form(self, value: str) -> None:
+        if value not in ENTRY_FORMS:
+            raise ValueError(f"unknown entry form {value!r}; forms: {ENTRY_FORMS}")
+        self._entry_form = value
 
     @property
     def pool_form(self) -> str:
@@ -189,6 +210,22 @@ class OpSet:
             return self._call(ATTENTION_COMBINE, q_BSHD, acc, ml, sink_H)
         return self._call(SPARSE_ATTENTION, q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H,
                           scale=float(scale))
+
+    def csa2_entries_fp4(self, q_BSHD, codes_BNC, scales_BNG, idx_BSK):
+        """kv_qat's FP4 entries for Csa2SparseAttention: (entries [B, R, D] in q's dtype, the
+        selection [B, S, K] renumbered into them). Per `entry_form`: the S*K selected rows
+        (R = S*K, ids s*K + k, -1 kept), or all N entries (R = N, the selection as it is)."""
+        b, s, k = idx_BSK.shape
+        n = codes_BNC.shape[1]
+        form = self.entry_form
+        if form == "auto":
+            form = "selected" if s * k < n else "all"
+        if form == "all":
+            every = torch.arange(n, device=idx_BSK.device).view(1, 1, n).expand(b, 1, n)
+            return self._call(ENTRIES_FP4, q_BSHD, codes_BNC, scales_BNG, every), idx_BSK
+        slots = torch.arange(s * k, device=idx_BSK.device).view(1, s, k)
+        renumbered = torch.where(idx_BSK >= 0, slots, torch.full_like(idx_BSK, -1))
+        return self._call(ENTRIES_FP4, q_BSHD, codes_BNC, scales_BNG, idx_BSK), renumbered
 
     def stable_topk(self, scores, k: int):
         """Not a plugin op: graphs keep the reference's sort (ONNX TopK). On the Triton backend

@@ -126,10 +126,12 @@ def synthetic_cache(cfg: ModelConfig, batch: int, context: int, steps: int, devi
     gen = torch.Generator(device=device).manual_seed(seed)
     for _ in range(batch):
         cm.acquire()
-    for t in cm.cache.tensors.values():
+    for name, t in cm.cache.tensors.items():
         if t.is_floating_point():
             t.normal_(generator=gen)
-        elif t.dtype == torch.uint8:  # kv_qat's FP4 index keys: any byte is two valid e2m1 codes
+        elif name.startswith("kv_scale."):  # kv_qat's entry scales: e4m3 bits of 0.25 .. 0.9375,
+            t.random_(40, 55, generator=gen)  # as the QAT gives unit-normal entries (amax / 6)
+        elif t.dtype == torch.uint8:  # kv_qat's FP4 codes: any byte is two valid e2m1 codes
             t.random_(0, 256, generator=gen)
         elif t.dtype == torch.int8:  # and their exponents: scales 2^-4 .. 2^0, as unit-normal keys'
             t.random_(-4, 1, generator=gen)

@@ -12,6 +12,8 @@ Per batch and context, with the released sizes (64 heads x 512, index 32 x 128, 
   only the pooled entries are scored and ranked, csa2_index_score_pooled; listing the pool is once
   per step for all its Reindex layers, timed apart), the list also over the FP4 keys
   (csa2_index_score_fp4_pooled); Reuse (attention over another layer's selection);
+- the attention over kv_qat's FP4 entries: the selected rows decoded (csa2_entries_fp4), then the
+  attention over them, as OpSet runs a decode step of a kv_qat model;
 - each kernel alone and its fraction of its own roofline (counted bytes at the measured copy
   bandwidth); the top-k's bytes are one read of its scores and its k outputs per row;
 - the dense roofline: every row's uncompressed KV (ctx x 512 bf16) read once, and the layers'
@@ -67,6 +69,7 @@ from dsflash.plugins.csa2_index_score.pool_list import listed_picks, pool_entry_
 from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
 from dsflash.plugins.csa2_index_score.pooled_fp4 import csa2_index_score_fp4_pooled
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
+from dsflash.plugins.csa2_sparse_attention.entries_fp4 import csa2_entries_fp4
 from dsflash.plugins.stable_topk.kernel import StableTopkLauncher, digit_passes
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
@@ -76,6 +79,7 @@ LAYERS = ("full", "full_fp4", "reindex", "reindex_listed", "reindex_listed_fp4",
 TARGETS = {"full": 3.0, "full_fp4": 3.0, "reindex": 15.0, "reindex_listed": 15.0, "reindex_listed_fp4": 15.0,
            "reuse": 15.0}
 INDEX_KERNELS = ("index", "index_fp4", "index_reindex", "index_listed", "index_listed_fp4")
+FP4_ENTRY = HEAD_DIM // 2 + HEAD_DIM // 16  # kv_qat's stored entry: e2m1 codes and e4m3 scales (288 B)
 
 
 def layer_bytes(batch: int, ctx: int, pooled: int) -> dict:
@@ -98,6 +102,10 @@ def layer_bytes(batch: int, ctx: int, pooled: int) -> dict:
         "pool_list": batch * (ctx + 4 * pooled),
         "pool_list_torch": batch * (ctx + 4 * pooled),
         "attn": attn_bytes(batch),
+        # kv_qat's FP4 entries: the selected rows' codes, scales and ids read, their bf16 rows written;
+        # the attention over them then moves its own bytes with FP4 entries in place of bf16 ones
+        "entries_fp4": batch * TOPK * (FP4_ENTRY + 8 + HEAD_DIM * 2),
+        "attn_fp4": attn_bytes(batch) - batch * TOPK * (HEAD_DIM * 2 - FP4_ENTRY),
         "dense": batch * ctx * HEAD_DIM * 2,
     }
 
@@ -124,6 +132,11 @@ def layer_inputs(batch: int, ctx: int, gen: torch.Generator) -> dict:
         "all": torch.ones(batch, 1, ctx, dtype=torch.bool, device="cuda"),
         "pool": pool_mask, "list": csa2_ops.pool_entry_list(pool_mask, pooled),
         "idx": torch.randint(0, ctx, (batch, 1, TOPK), generator=gen, device="cuda"),
+        # kv_qat's FP4 entries (any code byte is valid; scales 0.25 .. 0.94, as unit-normal entries get)
+        "kv_codes": torch.randint(0, 256, (batch, ctx, HEAD_DIM // 2), generator=gen, device="cuda",
+                                  dtype=torch.uint8),
+        "kv_scales": torch.randint(40, 55, (batch, ctx, HEAD_DIM // 16), generator=gen, device="cuda",
+                                   dtype=torch.uint8),
         "pooled": pooled,
     }
 
@@ -186,6 +199,15 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
     k["pool_list_torch"] = 1e3 * time_ms(lambda: csa2_ops.pool_entry_list(x["pool"], x["pooled"]), graph=True)
     k["attn"] = 1e3 * time_ms(lambda: attn(x["q"], x["kv"], x["idx"], x["win"], x["wmask"], x["sink"], scale),
                               graph=True)
+    fp4_kv = (x["kv_codes"], x["kv_scales"])
+    k["entries_fp4"] = 1e3 * time_ms(lambda: csa2_entries_fp4(x["q"], *fp4_kv, x["idx"]), graph=True)
+    rows = torch.arange(TOPK, device="cuda").view(1, 1, TOPK).expand(batch, 1, TOPK)
+
+    def attn_fp4():  # what OpSet.csa2_entries_fp4 runs for a decode step, then the attention
+        kv = csa2_entries_fp4(x["q"], x["kv_codes"], x["kv_scales"], x["idx"])
+        return attn(x["q"], kv, rows, x["win"], x["wmask"], x["sink"], scale)
+
+    k["attn_fp4"] = 1e3 * time_ms(attn_fp4, graph=True)
     dense_us = nbytes["dense"] / bw / 1e3
     out["dense_roofline_us"] = dense_us
     out["x_dense"] = {kind: dense_us / us for kind, us in out["layer_us"].items()}
@@ -337,8 +359,9 @@ def report(res: dict) -> str:
             f"copy {res['bw_GBps']:.0f} GB/s")
     columns = ("| batch | context | dense roofline | Full (bf16 keys) | Full (FP4 keys) | Reindex (mask) | "
                "Reindex (list) | Reindex (list, FP4 keys) | Reuse | index / FP4 / pool mask / pool list / "
-               "pool list FP4 | top-k / list | attention | listing the pool (per step) |")
-    lines = [head, columns, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+               "pool list FP4 | top-k / list | attention | FP4 entries: decode / + attention | "
+               "listing the pool (per step) |")
+    lines = [head, columns, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for case in res["cases"]:
         lay, x, f, ku = case["layer_us"], case["x_dense"], case["roofline_fraction"], case["kernel_us"]
         cells = [f"{lay[kind]:.1f} us ({x[kind]:.1f}x{'' if x[kind] >= TARGETS[kind] else ' <'})"
@@ -347,7 +370,9 @@ def report(res: dict) -> str:
         topks = [f"{ku[n]:.1f} us ({100 * f[n]:.0f}%)" for n in ("topk", "topk_listed")]
         lines.append(f"| {case['batch']} | {case['context']} | {case['dense_roofline_us']:.1f} us | "
                      + " | ".join(cells) + f" | {' / '.join(kern)} | {' / '.join(topks)} | "
-                     f"{ku['attn']:.1f} us ({100 * f['attn']:.0f}%) | {ku['pool_list']:.1f} us "
+                     f"{ku['attn']:.1f} us ({100 * f['attn']:.0f}%) | {ku['entries_fp4']:.1f} us "
+                     f"({100 * f['entries_fp4']:.0f}%) / {ku['attn_fp4']:.1f} us ({100 * f['attn_fp4']:.0f}%) | "
+                     f"{ku['pool_list']:.1f} us "
                      f"(PyTorch {ku['pool_list_torch']:.1f}) |")
     lines.append("(x: the dense roofline over the layer's time; '<' marks a layer under issue 5's target; "
                  "%: counted bytes / copy bandwidth / time)")

@@ -91,6 +91,12 @@ assert mma.grid == (6, 513, 1) and "mma" in mma.kernel.ptx and mma.kernel.declar
 assert trt_fp4.tactics(bf16, 2) == [1] and trt_fp4.tactics(torch.float32, 64) == [1]
 with pytest.raises(ValueError, match="tactic 2 is not one of \\\\[1\\\\] for torch.float32 queries"):
     trt_fp4.aot_launch((1, 1, 64, 128), (1, 10, 64), torch.float32, tactic=2)
+# kv_qat's FP4 entries (trt_entries_fp4.py): 3 rows of 17 ids decoded to 512 channels, 8 rows a program
+from dsflash.plugins.csa2_sparse_attention import trt_entries_fp4
+ent = trt_entries_fp4.aot_launch((2, 700, 256), (2, 3, 17), bf16)
+assert ent.grid == (13, 1, 1) and ent.extra == (700, 51, 102) and ent.kernel.declared == 8, ent
+with pytest.raises(ValueError, match="head_dim 40 is not a multiple of 16"):
+    trt_entries_fp4.aot_kernel(bf16, 40)
 attn = attn_trt.aot_launch((1, 2, 64, 512), (1, 5000, 512), (1, 2, 512), (1, 130, 512), bf16, 0.04)
 assert attn.grid[0] == 2 and attn.extra[:4] == (2, 5000, 130, 512), attn
 block_k = attn_kernel.launch_config(64, 512, bf16)["BLOCK_K"]

@@ -74,6 +74,21 @@ def test_aot_index_score_fp4_tactics(gen, tactic, s, n):
                           f"fp4 index tactic {tactic}")
 
 
+@pytest.mark.parametrize("s,k,n", [(1, 512, 32771), (5, 37, 300)])
+def test_aot_entries_fp4(gen, s, k, n):
+    """kv_qat's FP4 entries (Csa2EntriesFp4, trt_entries_fp4.py) at the release's head_dim 512:
+    the selected rows decoded bit for bit as the reference, ids of -1 as zero rows."""
+    from dsflash.model.quant import fp4_e4m3scale_pack
+    from dsflash.plugins.csa2_sparse_attention import trt_entries_fp4
+
+    codes, scales = fp4_e4m3scale_pack(torch.randn(2, n, 512, generator=gen))
+    idx = torch.randint(-1, n, (2, s, k), generator=gen)
+    q = torch.zeros(2, s, 1, 512, dtype=BF16)
+    launch = trt_entries_fp4.aot_launch(tuple(codes.shape), tuple(idx.shape), BF16)
+    (out,) = run(launch, cuda(q, codes, scales, idx), nan_outputs(((2, s * k, 512), BF16)))
+    assert torch.equal(out.cpu(), attn_ref.csa2_entries_fp4(q, codes, scales, idx))
+
+
 def test_aot_index_score_fp32_unaligned(gen):
     """fp32 queries and keys (tactic 1 only) from a kernel compiled for any pointer alignment, run
     on keys that start 4 bytes into their buffer."""

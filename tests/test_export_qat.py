@@ -49,8 +49,10 @@ def test_kv_qat_greedy_tokens_on_onnxruntime_equal_pytorch(qat_bundle, qat_model
 
 
 def test_kv_qat_graphs_carry_fp4_index_keys(qat_bundle):
-    """The state holds the index keys as the release does (codes + exponents), and the plugin
-    graphs score them with Csa2IndexScoreFp4 nodes."""
+    """The state holds the index keys and the compressed entries as the release does (codes +
+    exponents, codes + e4m3 scales); the plugin graphs score the keys with Csa2IndexScoreFp4 nodes
+    and decode the entries with a Csa2EntriesFp4 node per attending layer: the selected ones in
+    decoder_step (S*K rows), every entry once in encoder_prefill."""
     import onnx
 
     cfg = qat_bundle.config
@@ -60,8 +62,12 @@ def test_kv_qat_graphs_carry_fp4_index_keys(qat_bundle):
         src = cfg.kv_source_layer_ids[0]
         assert types[f"index_k.{src}"] == types[f"new_index_k.{src}"] == onnx.TensorProto.UINT8
         assert types[f"index_e.{src}"] == types[f"new_index_e.{src}"] == onnx.TensorProto.INT8
+        assert types[f"kv.{src}"] == types[f"new_kv.{src}"] == onnx.TensorProto.UINT8
+        assert types[f"kv_scale.{src}"] == types[f"new_kv_scale.{src}"] == onnx.TensorProto.UINT8
         ops = [n.op_type for n in proto.graph.node]
         assert "Csa2IndexScore" not in ops
+        layers = range(cfg.num_hidden_layers if graph == "decoder_step" else cfg.first_decoder_layer)
+        assert ops.count("Csa2EntriesFp4") == sum(cfg.layer_role(i) != "window" for i in layers) > 0
         if graph == "decoder_step":
             assert ops.count("Csa2IndexScoreFp4") == len(cfg.index_source_layer_ids)
 

@@ -737,3 +737,77 @@ def test_opset_scores_kv_qat_fp4_keys_in_both_pool_forms(gen, heads):
     reference = OpSet("reference")
     assert torch.equal(reference.csa2_index_score(q, w, codes, visible, exps),
                        index_ref.csa2_index_score_fp4(q, w, codes, exps, visible))
+
+
+@pytest.mark.parametrize("d,n,b,s,k,rows", [(32, 7, 2, 1, 3, 8), (96, 13, 3, 2, 5, 4), (512, 40, 1, 1, 19, 8),
+                                            (64, 300, 2, 3, 70, 16)])
+def test_entries_fp4_kernel_is_exact(gen, d, n, b, s, k, rows):
+    """kv_qat's FP4 entries (Csa2EntriesFp4): the decode of the selected rows equals the reference
+    bit for bit in every output dtype (a grid value times an e4m3 scale is exact), for packed
+    QAT entries and for arbitrary code and scale bytes (every e4m3 scale, subnormals included);
+    ids outside [0, N) give zero rows; rows across program blocks (ROWS)."""
+    from dsflash.model.quant import fp4_e4m3scale_pack, fp4_e4m3scale_qat
+    from dsflash.plugins.csa2_sparse_attention import entries_fp4
+
+    x = torch.randn(b, n, d, generator=gen) * torch.logspace(-5, 4, n).view(1, n, 1)
+    codes, scales = fp4_e4m3scale_pack(x)
+    assert torch.equal(attn_ref.unpack_entries_fp4(codes, scales, torch.float32), fp4_e4m3scale_qat(x))
+    any_codes = torch.randint(0, 256, codes.shape, generator=gen, dtype=torch.uint8)
+    any_scales = torch.randint(0, 127, scales.shape, generator=gen, dtype=torch.uint8)
+    idx = torch.randint(-2, n + 2, (b, s, k), generator=gen)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        q = torch.zeros(b, s, 1, d, dtype=dtype)
+        for c, sc in ((codes, scales), (any_codes, any_scales)):
+            want = attn_ref.csa2_entries_fp4(q, c, sc, idx)
+            got = entries_fp4.csa2_entries_fp4(*_dev(q, c, sc, idx), overrides={"ROWS": rows})
+            assert got.dtype == dtype and torch.equal(got.cpu(), want), (dtype, d)
+    assert not want[idx.reshape(b, s * k) >= n].any() and not want[idx.reshape(b, s * k) < 0].any()
+
+
+def test_entries_fp4_kernel_rejects_bad_input(gen):
+    from dsflash.plugins.csa2_sparse_attention import entries_fp4
+
+    q = torch.zeros(1, 1, 1, 32)
+    codes = torch.zeros(1, 5, 16, dtype=torch.uint8)
+    scales = torch.zeros(1, 5, 2, dtype=torch.uint8)
+    idx = torch.zeros(1, 1, 3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="scales has dtype torch.int8"):
+        entries_fp4.csa2_entries_fp4(*_dev(q, codes, scales.to(torch.int8), idx))
+    with pytest.raises(ValueError, match=r"scales has shape \(1, 5, 3\), expected \(1, 5, 2\)"):
+        entries_fp4.csa2_entries_fp4(*_dev(q, codes, torch.zeros(1, 5, 3, dtype=torch.uint8), idx))
+    with pytest.raises(ValueError, match="12 bytes per entry, not a multiple of 8"):
+        entries_fp4.csa2_entries_fp4(*_dev(q, codes[..., :12], scales, idx))
+    with pytest.raises(ValueError, match="idx has dtype torch.int32"):
+        entries_fp4.csa2_entries_fp4(*_dev(q, codes, scales, idx.int()))
+
+
+@pytest.mark.parametrize("form", ["selected", "all", "auto"])
+def test_opset_attends_over_kv_qat_fp4_entries(gen, form):
+    """What kv_qat models run: Csa2SparseAttention over the entries as the cache holds them (FP4
+    codes + e4m3 scales) through OpSet.csa2_entries_fp4 (the selected rows decoded and the
+    selection renumbered, or every entry decoded) equals the attention over the QAT values, on
+    the Triton and the reference backends."""
+    from dsflash.model.quant import fp4_e4m3scale_pack, fp4_e4m3scale_qat
+    from dsflash.plugins.registry import OpSet
+
+    b, s, h, d, n, k, t = 2, 3, 4, 64, 50, 6, 9
+    dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16
+    x = torch.randn(b, n, d, generator=gen)
+    codes, scales = fp4_e4m3scale_pack(x)
+    q = torch.randn(b, s, h, d, generator=gen).to(dtype)
+    idx = torch.randint(0, n, (b, s, k), generator=gen)
+    idx[0, 1, 2:] = -1
+    win = torch.randn(b, t, d, generator=gen).to(dtype)
+    wmask = torch.rand(b, s, t, generator=gen) > 0.3
+    sink = torch.randn(h, generator=gen)
+    args = (q, fp4_e4m3scale_qat(x).to(dtype), idx, win, wmask, sink, d ** -0.5)
+    for backend in ("reference", "triton"):
+        ops = OpSet(backend, entry_form=form)
+        kv, renumbered = ops.csa2_entries_fp4(*_dev(q, codes, scales, idx))
+        rows = s * k if form == "selected" or (form == "auto" and s * k < n) else n
+        assert kv.shape == (b, rows, d) and torch.equal(renumbered.cpu() < 0, idx < 0)
+        got = ops.csa2_sparse_attention(*_dev(q, kv, renumbered, win, wmask, sink), d ** -0.5)
+        assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, dtype,
+                              f"attention over FP4 entries ({backend}, {form})")
+    with pytest.raises(ValueError, match="unknown entry form 'some'"):
+        OpSet("reference", entry_form="some")

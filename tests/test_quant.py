@@ -9,6 +9,8 @@ from dsflash.model.quant import (
     E2M1_MIDS,
     ceil_log2,
     floor_log2,
+    e4m3_code,
+    fp4_e4m3scale_pack,
     fp4_e4m3scale_qat,
     fp4_pow2_pack,
     fp4_pow2_qat,
@@ -139,7 +141,8 @@ def test_pack_codes_and_exponents(gen):
     assert exps[0, 0, 0] == -126
 
 
-@pytest.mark.parametrize("fn", [fp8_e4m3_qat, fp4_pow2_qat, fp4_e4m3scale_qat, fp4_pow2_pack])
+@pytest.mark.parametrize("fn", [fp8_e4m3_qat, fp4_pow2_qat, fp4_e4m3scale_qat, fp4_pow2_pack,
+                                fp4_e4m3scale_pack])
 def test_round_trips_export_to_onnx_bit_for_bit(fn, gen, tmp_path):
     """kv_qat models export: each round-trip runs in ONNX Runtime exactly as in PyTorch."""
     ort = pytest.importorskip("onnxruntime")
@@ -173,16 +176,48 @@ def test_packed_index_keys_score_as_their_values(gen):
     assert torch.equal(packed, reference.csa2_index_score(q, w, fp4_pow2_qat(k), visible))
 
 
-def test_kv_qat_cache_holds_index_keys_in_fp4():
+def test_kv_qat_cache_holds_index_keys_and_entries_in_fp4():
     cfg = ModelConfig.preset("tiny").replace(kv_qat=True, index_head_dim=64)
     cache = ModelCache.allocate(cfg, 2, 32)
     for src in cfg.kv_source_layer_ids:
         codes, exps = cache.tensors[f"index_k.{src}"], cache.tensors[f"index_e.{src}"]
         assert codes.dtype == torch.uint8 and codes.shape[-1] == 32
         assert exps.dtype == torch.int8 and exps.shape[-1] == 2
-        assert codes.shape[:2] == exps.shape[:2] == cache.tensors[f"kv.{src}"].shape[:2]
+        entries, scales = cache.tensors[f"kv.{src}"], cache.tensors[f"kv_scale.{src}"]
+        assert entries.dtype == scales.dtype == torch.uint8
+        assert entries.shape[-1] == cfg.head_dim // 2 and scales.shape[-1] == cfg.head_dim // 16
+        assert codes.shape[:2] == exps.shape[:2] == entries.shape[:2] == scales.shape[:2]
     plain = ModelCache.allocate(cfg.replace(kv_qat=False), 2, 32)
     assert "index_e.1" not in plain.tensors and plain.tensors["index_k.1"].shape[-1] == 64
+    assert "kv_scale.1" not in plain.tensors and plain.tensors["kv.1"].shape[-1] == cfg.head_dim
+
+
+def test_e4m3_bits_equal_the_float8_cast(form):
+    """The entries' scales as stored: e4m3_code (packing) and e4m3_value (unpacking) against
+    torch's float8_e4m3fn bits over every non-negative finite e4m3 value, subnormals included."""
+    from dsflash.plugins.dtypes import e4m3_value
+
+    bits = torch.arange(0, 127, dtype=torch.uint8)
+    values = bits.view(torch.float8_e4m3fn).float()
+    assert torch.equal(e4m3_value(bits), values)
+    assert torch.equal(e4m3_code(values), bits.long())
+
+
+def test_pack_entries_codes_and_scales(gen, form):
+    """fp4_e4m3scale_pack: the entries' codes and e4m3 scale bits unpack to fp4_e4m3scale_qat's
+    values exactly, over blocks of every scale from the smallest (an all-zero block) to 448."""
+    from dsflash.plugins.csa2_sparse_attention.reference import unpack_entries_fp4
+
+    x = torch.randn(5, 9, 64, generator=gen)
+    block_scale = torch.exp2(torch.randint(-14, 12, (5, 9, 4, 1), generator=gen).float())
+    x = x * block_scale.expand(5, 9, 4, 16).flatten(-2)
+    x[0, 0, :16] = 0.0
+    x[0, 1, :16] = 1e6
+    codes, scales = fp4_e4m3scale_pack(x)
+    assert codes.dtype == scales.dtype == torch.uint8 and scales.shape == (5, 9, 4)
+    assert scales[0, 0, 0] == 1 and scales[0, 1, 0] == 126  # 2^-9 and the 448 it saturates to
+    for dtype in (torch.float32, torch.bfloat16):
+        assert torch.equal(unpack_entries_fp4(codes, scales, dtype), fp4_e4m3scale_qat(x).to(dtype))
 
 
 def test_e2m1_magnitudes_by_arithmetic_equal_the_grid():

@@ -24,4 +24,4 @@ def test_trt_registrations_against_a_stand_in():
     run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600,
                          check=False)
     assert run.returncode == 0, run.stdout[-1000:] + run.stderr[-3000:]
-    assert run.stdout.count(" OK") == 9 and run.stdout.count("symbolic launch == int launch") == 2, run.stdout
+    assert run.stdout.count(" OK") == 10 and run.stdout.count("symbolic launch == int launch") == 2, run.stdout

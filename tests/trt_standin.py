@@ -144,6 +144,9 @@ def cases():
         "Csa2SparseAttention": (attn_in, attn_types, {"scale": 0.04}, attn_const),
         "Csa2SparseAttentionSplit": (attn_in, attn_types,
                                      {"scale": 0.04, "block_keys": 32, "split_target": 66}, attn_const),
+        # kv_qat's FP4 entries: 17 selected per row decoded to 512 channels
+        "Csa2EntriesFp4": ([(2, 3, 64, 512), (2, 700, 256), (2, 700, 32), (2, 3, 17)],
+                           [bf, torch.uint8, torch.uint8, i64], {}, [(2, 3), (2,), (2,), ()]),
         "Csa2AttentionCombine": ([(2, 3, 64, 512), (2, 3, 21, 64, 512), (2, 3, 21, 2, 64), (64,)],
                                  [bf, f32, f32, f32], {}, [(2, 3), (3, 4), (4,), (0,)]),
         "MhcBoundary": ([(2, 3, 4, 5120), (2, 3, 5120), (2, 3, 4), (2, 3, 4, 4), (2, 3, 4), (24, 4 * 5120),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from dsflash.plugins.dtypes import e2m1_magnitude, exact_pow2, f32
+from dsflash.plugins.dtypes import e2m1_values, exact_pow2, f32
 
 
 def csa2_index_score(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: torch.Tensor,
@@ -22,12 +22,7 @@ def unpack_keys_fp4(codes_BNH: torch.Tensor, exps_BNG: torch.Tensor, dtype: torc
     """FP4 index keys (model/quant.py:fp4_pow2_pack: e2m1 codes two per byte, low nibble first,
     bit 3 the sign; one power-of-two exponent per 32 channels) -> keys [B, N, J] in dtype, exact
     (a grid value times a power of two, formed in fp32)."""
-    # arithmetic on int64 rather than bit operations on uint8 (which ONNX export mistypes) and no
-    # constant tensors (the same CUDA-graph and export reasons as dsflash.plugins.dtypes.exact_pow2)
-    byte = codes_BNH.long()
-    nib = torch.stack([byte % 16, byte // 16], dim=-1).flatten(-2)
-    mag = e2m1_magnitude(nib)
-    val = torch.where(nib >= 8, -mag, mag)
+    val = e2m1_values(codes_BNH)
     scale = exact_pow2(exps_BNG.long(), -128, 127)
     return (val * scale.unsqueeze(-1).expand(*scale.shape, 32).flatten(-2)).to(dtype)
 

@@ -22,3 +22,11 @@ COMBINE_DECL = OpDecl(
     inputs=(Port("q", "float"), Port("acc", "fp32"), Port("ml", "fp32"), Port("sink", "fp32")),
     outputs=(Port("out", "float"),), attrs=(),
     reference=reference.csa2_attention_combine, shape_fn=reference.combine_shape)
+
+# kv_qat models keep their compressed entries in FP4 (codes [B, N, D/2], e4m3 scale bits per 16
+# channels [B, N, D/16], both uint8): the selected ones decoded into S*K rows for the attention
+ENTRIES_FP4_DECL = OpDecl(
+    name="Csa2EntriesFp4", torch_name="csa2_entries_fp4",
+    inputs=(Port("q", "float"), Port("codes", "uint8"), Port("scales", "uint8"), Port("idx", "int64")),
+    outputs=(Port("kv", "float"),), attrs=(),
+    reference=reference.csa2_entries_fp4, shape_fn=reference.entries_fp4_shape)

@@ -12,7 +12,7 @@ import torch
 
 from dsflash.plugins.aot import cdiv_expr
 from dsflash.plugins.csa2_sparse_attention.splits import split_plan
-from dsflash.plugins.dtypes import cast, f32
+from dsflash.plugins.dtypes import cast, e2m1_values, e4m3_value, f32
 
 
 def csa2_sparse_attention(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_BSK: torch.Tensor,
@@ -91,3 +91,31 @@ def split_shape(q_shape, kv_shape, idx_shape, win_shape, mask_shape, sink_shape,
 
 def combine_shape(q_shape, acc_shape, ml_shape, sink_shape):
     return [tuple(q_shape)]
+
+
+def unpack_entries_fp4(codes_BNC: torch.Tensor, scales_BNG: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """kv_qat's compressed entries as stored (model/quant.py:fp4_e4m3scale_pack: e2m1 codes two per
+    byte [.., D/2], an e4m3 scale per 16 channels [.., D/16] as its bits) -> values [.., D] in
+    dtype, exact (a grid value times an e4m3 scale has at most 6 significant bits)."""
+    scale = e4m3_value(scales_BNG)
+    return (e2m1_values(codes_BNC) * scale.unsqueeze(-1).expand(*scale.shape, 16).flatten(-2)).to(dtype)
+
+
+def csa2_entries_fp4(q_BSHD: torch.Tensor, codes_BNC: torch.Tensor, scales_BNG: torch.Tensor,
+                     idx_BSK: torch.Tensor) -> torch.Tensor:
+    """The entries idx selects, decoded from kv_qat's FP4 storage: out[b, s*K + k] = entry
+    idx[b, s, k] of batch row b ([B, S*K, D] in q's dtype; q's values are not read). An id outside
+    [0, N) (-1: none) gives a zero row. Csa2SparseAttention then reads these S*K rows (the
+    selection renumbered) instead of all N entries in bf16: a decode step decodes the K entries it
+    attends to, not the cache (OpSet.csa2_entries_fp4); a prefill passes every id."""
+    b, s, k = idx_BSK.shape
+    n, c = codes_BNC.shape[1], codes_BNC.shape[2]
+    ok = ((idx_BSK >= 0) & (idx_BSK < n)).reshape(b, s * k, 1)
+    flat = torch.minimum(idx_BSK.clamp_min(0), torch.full_like(idx_BSK, n - 1)).reshape(b, s * k, 1)
+    codes = codes_BNC.gather(1, flat.expand(b, s * k, c))
+    scales = scales_BNG.gather(1, flat.expand(b, s * k, scales_BNG.shape[2]))
+    return unpack_entries_fp4(codes, scales, q_BSHD.dtype).masked_fill(~ok, 0.0)
+
+
+def entries_fp4_shape(q_shape, codes_shape, scales_shape, idx_shape):
+    return [(idx_shape[0], idx_shape[1] * idx_shape[2], 2 * codes_shape[2])]
