@@ -153,16 +153,17 @@ class CSA2Attention(nn.Module):
         win_kv = torch.cat((win_kv_BTD, kv), dim=1)
         win_pos = torch.cat((win_pos_BT, pos_BS), dim=1)
         mask = ops.window_mask(win_pos, pos_BS, cfg.sliding_window, win_start_B)
-        if idx is None:
-            glob = kv.new_zeros(kv.shape[0], 1, cfg.head_dim)
-            idx = torch.full_like(pos_BS, -1).unsqueeze(-1)
+        scale = cfg.head_dim ** -0.5
+        src = None if idx is None else shared.entries[cfg.kv_source_of(self.layer)]
+        if src is None:  # a Window layer: no global entry
+            o = self.ops.csa2_sparse_attention(q, kv.new_zeros(kv.shape[0], 1, cfg.head_dim),
+                                               torch.full_like(pos_BS, -1).unsqueeze(-1), win_kv, mask,
+                                               self.attn_sink, scale)
+        elif src.kv_scale_BNG is not None:  # kv_qat: the entries in FP4, as the cache holds them
+            o = self.ops.csa2_sparse_attention_fp4(q, src.kv_BND, src.kv_scale_BNG, idx, win_kv, mask,
+                                                   self.attn_sink, scale)
         else:
-            src = shared.entries[cfg.kv_source_of(self.layer)]
-            glob = src.kv_BND
-            if src.kv_scale_BNG is not None:  # kv_qat: FP4 entries, the selected ones decoded
-                glob, idx = self.ops.csa2_entries_fp4(q, glob, src.kv_scale_BNG, idx)
-        o = self.ops.csa2_sparse_attention(q, glob, idx, win_kv, mask, self.attn_sink,
-                                           cfg.head_dim ** -0.5)
+            o = self.ops.csa2_sparse_attention(q, src.kv_BND, idx, win_kv, mask, self.attn_sink, scale)
         o = apply_rope(o, cos.unsqueeze(-2), sin.unsqueeze(-2), inverse=True)
         return self._project_out(o), kv, adds
 

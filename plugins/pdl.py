@@ -65,8 +65,10 @@ def pdl_kernel_specs() -> dict:
     from dsflash.plugins.csa2_index_score import fp4_mma, pool_list, pooled, pooled_fp4
     from dsflash.plugins.csa2_index_score import kernel as index
     from dsflash.plugins.csa2_index_score import trt as index_trt
+    from dsflash.plugins.csa2_sparse_attention import entries_fp4
     from dsflash.plugins.csa2_sparse_attention import kernel as attention
     from dsflash.plugins.csa2_sparse_attention import trt as attention_trt
+    from dsflash.plugins.csa2_sparse_attention import trt_entries_fp4 as entries_trt
     from dsflash.plugins.csa2_sparse_attention import trt_split as attention_split_trt
     from dsflash.plugins.stable_topk import kernel as topk
 
@@ -120,6 +122,9 @@ def pdl_kernel_specs() -> dict:
         "attention_batch": (attention.csa2_sparse_attention_kernel, attention_trt.kernel_signature(bf16),
                             {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True}
                             | constants(attention.launch_config(64, 512, bf16, rows=64))),
+        # kv_qat's FP4 entries: the selected rows decoded for the attention
+        "entries_fp4": (entries_fp4.csa2_entries_fp4_kernel, entries_trt.kernel_signature(bf16),
+                        {"C": 256, "CP": 256, "ROWS": entries_fp4.ROWS, "WORDS": True}),
         "attention_combine": (attention.csa2_attention_combine_kernel,
                               attention_split_trt.combine_signature(bf16),
                               {"H": 64, "D": 512, "NSP": 32, "BLOCK_D": attn_cfg["BLOCK_D"]}),

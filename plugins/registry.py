@@ -227,6 +227,15 @@ class OpSet:
         renumbered = torch.where(idx_BSK >= 0, slots, torch.full_like(idx_BSK, -1))
         return self._call(ENTRIES_FP4, q_BSHD, codes_BNC, scales_BNG, idx_BSK), renumbered
 
+    def csa2_sparse_attention_fp4(self, q_BSHD, codes_BNC, scales_BNG, idx_BSK, win_kv_BTD, win_mask_BST,
+                                  sink_H, scale):
+        """Csa2SparseAttention over kv_qat's FP4 entries (codes + e4m3 scale bits): csa2_entries_fp4
+        decodes the rows the attention then reads, on every backend and in the graphs. (Decoding
+        inside the attention kernel instead was slower on the H200 in both forms tried, since each
+        of a row's head blocks decodes every key again: docs/benchmarks.md, session 23.)"""
+        kv, idx = self.csa2_entries_fp4(q_BSHD, codes_BNC, scales_BNG, idx_BSK)
+        return self.csa2_sparse_attention(q_BSHD, kv, idx, win_kv_BTD, win_mask_BST, sink_H, scale)
+
     def stable_topk(self, scores, k: int):
         """Not a plugin op: graphs keep the reference's sort (ONNX TopK). On the Triton backend
         the radix-select kernel (plugins/stable_topk) serves it, bit-exact against the sort on the

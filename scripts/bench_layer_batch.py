@@ -13,7 +13,7 @@ Per batch and context, with the released sizes (64 heads x 512, index 32 x 128, 
   per step for all its Reindex layers, timed apart), the list also over the FP4 keys
   (csa2_index_score_fp4_pooled); Reuse (attention over another layer's selection);
 - the attention over kv_qat's FP4 entries: the selected rows decoded (csa2_entries_fp4), then the
-  attention over them, as OpSet runs a decode step of a kv_qat model;
+  attention over them, as OpSet.csa2_sparse_attention_fp4 and the graphs run a decode step;
 - each kernel alone and its fraction of its own roofline (counted bytes at the measured copy
   bandwidth); the top-k's bytes are one read of its scores and its k outputs per row;
 - the dense roofline: every row's uncompressed KV (ctx x 512 bf16) read once, and the layers'
@@ -203,8 +203,8 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
     k["entries_fp4"] = 1e3 * time_ms(lambda: csa2_entries_fp4(x["q"], *fp4_kv, x["idx"]), graph=True)
     rows = torch.arange(TOPK, device="cuda").view(1, 1, TOPK).expand(batch, 1, TOPK)
 
-    def attn_fp4():  # what OpSet.csa2_entries_fp4 runs for a decode step, then the attention
-        kv = csa2_entries_fp4(x["q"], x["kv_codes"], x["kv_scales"], x["idx"])
+    def attn_fp4():  # OpSet.csa2_sparse_attention_fp4: the selected rows decoded, then the attention
+        kv = csa2_entries_fp4(x["q"], *fp4_kv, x["idx"])
         return attn(x["q"], kv, rows, x["win"], x["wmask"], x["sink"], scale)
 
     k["attn_fp4"] = 1e3 * time_ms(attn_fp4, graph=True)

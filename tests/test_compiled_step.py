@@ -17,7 +17,8 @@ from tolerances import MODEL, assert_close
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
 
 KERNEL_DECLS = [d for d in DECLS if d.torch_name in
-                ("engram_hash_gather", "csa2_index_score", "csa2_sparse_attention", "mhc_boundary")]
+                ("engram_hash_gather", "csa2_index_score", "csa2_sparse_attention", "mhc_boundary",
+                 "csa2_entries_fp4")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -129,6 +130,30 @@ def test_compiled_decode_step_is_one_graph_of_the_kernels(tiny_cfg):
     for i in range(2):
         calls = recorder.kernel_calls(i)
         assert {n: calls.count(n) for n in set(calls)} == counts
+    torch._dynamo.reset()
+
+
+def test_compiled_decode_step_reads_the_kv_qat_state(tiny_cfg):
+    """A kv_qat model's traced step over its FP4 state (entries: codes + e4m3 scales, index keys:
+    codes + exponents): Csa2EntriesFp4 and Csa2IndexScoreFp4 as opaque ops, the eager kernels'
+    results."""
+    from dsflash.model.model import DSFlashModel
+    from dsflash.runtime.cache_manager import synthetic_cache
+    from dsflash.runtime.engine import TorchEngine
+
+    cfg = tiny_cfg.replace(kv_qat=True, index_head_dim=32)
+    torch._dynamo.reset()
+    model = DSFlashModel(cfg).init_weights(seed=7).eval().to(DEVICE)
+    recorder = GraphRecorder()
+    compiled = TorchEngine(model, "decoder_step", ops="triton", compile=recorder)
+    eager = TorchEngine(model, "decoder_step", ops="triton")
+    cm = synthetic_cache(cfg, 2, 40, 2, DEVICE, torch.float32, seed=5)
+    feeds = cm.feeds([0, 1], compiled.input_names, torch.randint(0, cfg.vocab_size, (2, 1)))
+    got, want = compiled.run(feeds), eager.run(feeds)
+    for name in compiled.output_names:
+        assert_close(got[name].float(), want[name].float(), MODEL, f"kv_qat: {name}")
+    calls = recorder.kernel_calls(0)
+    assert {"csa2_entries_fp4", "csa2_index_score_fp4"} <= set(calls), calls
     torch._dynamo.reset()
 
 

@@ -547,17 +547,20 @@ def test_mhc_boundary_kernel_rejects_bad_input(gen):
         mhc_kernel.mhc_boundary(*_dev(*args), 20, 1e-6, 1e-6)
 
 
-@pytest.mark.parametrize("topk_kernel,pool_form", [(False, "mask"), (True, "mask"), (True, "list")])
-def test_tiny_model_runs_on_the_kernels(tiny_cfg, gen, topk_kernel, pool_form):
+@pytest.mark.parametrize("topk_kernel,pool_form,kv_qat", [(False, "mask", False), (True, "mask", False),
+                                                           (True, "list", False), (True, "list", True)])
+def test_tiny_model_runs_on_the_kernels(tiny_cfg, gen, topk_kernel, pool_form, kv_qat):
     """The whole reference model with OpSet('triton') (and the top-k kernel; Reindex layers over
-    the mask or the listed pool): same logits as the reference ops."""
+    the mask or the listed pool; kv_qat: FP4 index keys and entries as the cache holds them):
+    same logits as the reference ops."""
     from dsflash.model.model import DSFlashModel
 
     from conftest import random_ids
     from tolerances import MODEL, assert_close
 
-    model = DSFlashModel(tiny_cfg).init_weights(seed=1234).eval().to(DEVICE)
-    ids = random_ids(gen, 1, 13, tiny_cfg.vocab_size).to(DEVICE)
+    cfg = tiny_cfg.replace(kv_qat=True, index_head_dim=32) if kv_qat else tiny_cfg
+    model = DSFlashModel(cfg).init_weights(seed=1234).eval().to(DEVICE)
+    ids = random_ids(gen, 1, 13, cfg.vocab_size).to(DEVICE)
     with torch.no_grad():
         expected = model(ids)
         model.ops.backend = "triton"
@@ -759,8 +762,10 @@ def test_entries_fp4_kernel_is_exact(gen, d, n, b, s, k, rows):
         q = torch.zeros(b, s, 1, d, dtype=dtype)
         for c, sc in ((codes, scales), (any_codes, any_scales)):
             want = attn_ref.csa2_entries_fp4(q, c, sc, idx)
-            got = entries_fp4.csa2_entries_fp4(*_dev(q, c, sc, idx), overrides={"ROWS": rows})
-            assert got.dtype == dtype and torch.equal(got.cpu(), want), (dtype, d)
+            for words in (True, False) if dtype.itemsize == 2 else (False,):  # 32-bit word stores or not
+                over = {"ROWS": rows, "WORDS": words}
+                got = entries_fp4.csa2_entries_fp4(*_dev(q, c, sc, idx), overrides=over)
+                assert got.dtype == dtype and torch.equal(got.cpu(), want), (dtype, d, words)
     assert not want[idx.reshape(b, s * k) >= n].any() and not want[idx.reshape(b, s * k) < 0].any()
 
 
@@ -785,8 +790,9 @@ def test_entries_fp4_kernel_rejects_bad_input(gen):
 def test_opset_attends_over_kv_qat_fp4_entries(gen, form):
     """What kv_qat models run: Csa2SparseAttention over the entries as the cache holds them (FP4
     codes + e4m3 scales) through OpSet.csa2_entries_fp4 (the selected rows decoded and the
-    selection renumbered, or every entry decoded) equals the attention over the QAT values, on
-    the Triton and the reference backends."""
+    selection renumbered, or every entry decoded; the graphs' form), also as
+    OpSet.csa2_sparse_attention_fp4 composes them, equals the attention over the QAT values, on the
+    Triton and the reference backends."""
     from dsflash.model.quant import fp4_e4m3scale_pack, fp4_e4m3scale_qat
     from dsflash.plugins.registry import OpSet
 
@@ -809,5 +815,9 @@ def test_opset_attends_over_kv_qat_fp4_entries(gen, form):
         got = ops.csa2_sparse_attention(*_dev(q, kv, renumbered, win, wmask, sink), d ** -0.5)
         assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, dtype,
                               f"attention over FP4 entries ({backend}, {form})")
+        fused = ops.csa2_sparse_attention_fp4(*_dev(q, codes, scales, idx, win, wmask, sink), d ** -0.5)
+        assert_kernel_matches(fused, attn_ref.csa2_sparse_attention, args, {}, dtype,
+                              f"OpSet.csa2_sparse_attention_fp4 ({backend}, {form})")
     with pytest.raises(ValueError, match="unknown entry form 'some'"):
         OpSet("reference", entry_form="some")
+

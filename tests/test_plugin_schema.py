@@ -27,6 +27,11 @@ def sample_inputs(decl, gen):
                 torch.randint(0, 256, (b, n, 32), generator=gen, dtype=torch.uint8),
                 torch.randint(-6, 4, (b, n, 2), generator=gen, dtype=torch.int8),
                 torch.rand(b, s, n, generator=gen) > 0.3), {}
+    if decl.name == "Csa2EntriesFp4":  # head_dim 32: 16 code bytes and 2 scales per entry; any bytes
+        return (torch.randn(b, s, 2, 32, generator=gen), torch.randint(0, 256, (b, n, 16), generator=gen,
+                                                                        dtype=torch.uint8),
+                torch.randint(0, 127, (b, n, 2), generator=gen, dtype=torch.uint8),
+                torch.randint(-1, n, (b, s, 3), generator=gen)), {}
     if decl.name.startswith("Csa2SparseAttention"):
         inputs = (torch.randn(b, s, 2, 8, generator=gen), torch.randn(b, n, 8, generator=gen),
                   torch.randint(-1, n, (b, s, 3), generator=gen), torch.randn(b, 5, 8, generator=gen),

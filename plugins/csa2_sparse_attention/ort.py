@@ -1,6 +1,7 @@
 """ONNX Runtime CPU ops for Csa2SparseAttention, its split form (Csa2SparseAttentionSplit,
 Csa2AttentionCombine) and kv_qat's entry decode (Csa2EntriesFp4) in plugin-flavor graphs
-(onnxruntime-extensions Python ops computing the references, fp32), used by tests and Polygraphy checks of plugin graphs."""
+(onnxruntime-extensions Python ops computing the references, fp32), used by tests and Polygraphy
+checks of plugin graphs."""
 
 from __future__ import annotations
 

@@ -119,3 +119,4 @@ def csa2_entries_fp4(q_BSHD: torch.Tensor, codes_BNC: torch.Tensor, scales_BNG: 
 
 def entries_fp4_shape(q_shape, codes_shape, scales_shape, idx_shape):
     return [(idx_shape[0], idx_shape[1] * idx_shape[2], 2 * codes_shape[2])]
+
