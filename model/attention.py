@@ -21,7 +21,6 @@ from torch import nn
 from dsflash.model import csa2_ops as ops
 from dsflash.model.dtypes import cast, f32
 from dsflash.model.norm_rope import RMSNorm, Rotary, apply_rope, rms_norm
-from dsflash.model.quant import fp4_e4m3scale_pack, fp4_pow2_pack, fp4_pow2_qat, fp8_e4m3_qat
 
 
 @dataclass
@@ -84,8 +83,9 @@ class Compressor(nn.Module):
 class Indexer(nn.Module):
     """Lightning indexer: index queries from the q latent, head weights from x; keys at sources."""
 
-    def __init__(self, cfg, owns_keys: bool):
+    def __init__(self, cfg, owns_keys: bool, ops):
         super().__init__()
+        self.ops = ops  # the kv_qat round-trips (OpSet.qat)
         self.n_heads, self.dim = cfg.index_n_heads, cfg.index_head_dim
         self.wq_b = nn.Linear(cfg.q_lora_rank, self.n_heads * self.dim, bias=False)
         self.weights_proj = nn.Linear(cfg.hidden_size, self.n_heads, bias=False)
@@ -97,7 +97,7 @@ class Indexer(nn.Module):
         q = self.wq_b(qr_BSQ).unflatten(-1, (self.n_heads, self.dim))
         q = apply_rope(q, cos.unsqueeze(-2), sin.unsqueeze(-2))
         if qat:
-            q = fp4_pow2_qat(q)
+            q = self.ops.qat("fp4_pow2_qat", q)
         w = f32(self.weights_proj(x_BSE)) * (self.dim ** -0.5) * (self.n_heads ** -0.5)
         return q, w
 
@@ -107,7 +107,7 @@ class Indexer(nn.Module):
         k = apply_rope(self.k_norm(self.wk(latent_BSD)), cos, sin)
         if not qat:
             return {"index_k": k}
-        codes, exps = fp4_pow2_pack(k)
+        codes, exps = self.ops.qat("fp4_pow2_pack", k)
         return {"index_k": codes, "index_e": exps}
 
 
@@ -128,7 +128,7 @@ class CSA2Attention(nn.Module):
         if self.role == "full":
             self.compressor = Compressor(cfg, self.ratio)
         if self.role in ("full", "reindex"):
-            self.indexer = Indexer(cfg, owns_keys=self.role == "full")
+            self.indexer = Indexer(cfg, owns_keys=self.role == "full", ops=ops)
         yarn = cfg.rope_scaling if cfg.uses_yarn(layer) else None
         self.rotary = Rotary(cfg.qk_rope_head_dim, cfg.rope_theta_of(layer), yarn)
 
@@ -143,7 +143,7 @@ class CSA2Attention(nn.Module):
         q = apply_rope(q, cos.unsqueeze(-2), sin.unsqueeze(-2))
         kv = apply_rope(self.kv_norm(self.wkv(x_BSE)), cos, sin)
         if qat:
-            kv = fp8_e4m3_qat(kv)
+            kv = self.ops.qat("fp8_e4m3_qat", kv)
         adds = None
         if self.role == "full":
             adds = self._publish(x_BSE, pos_BS, source, shared)
@@ -184,7 +184,7 @@ class CSA2Attention(nn.Module):
         keys = self.indexer.keys(latent, cos, sin, self.cfg.kv_qat)
         entry = {"kv": apply_rope(latent, cos, sin)}
         if self.cfg.kv_qat:  # the release's FP4 entries, stored packed (exactly fp4_e4m3scale_qat's values)
-            entry = dict(zip(("kv", "kv_scale"), fp4_e4m3scale_pack(entry["kv"])))
+            entry = dict(zip(("kv", "kv_scale"), self.ops.qat("fp4_e4m3scale_pack", entry["kv"])))
 
         def grown(cached, new):
             return None if new is None else torch.cat((cached, new), dim=1)

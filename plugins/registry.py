@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from dsflash.model import csa2_ops
+from dsflash.model import csa2_ops, quant
 from dsflash.plugins.csa2_index_score.decl import DECL as INDEX_SCORE
 from dsflash.plugins.csa2_index_score.decl import FP4_DECL as INDEX_SCORE_FP4
 from dsflash.plugins.csa2_index_score.reference import csa2_index_score_fp4_pooled as pooled_fp4_reference
@@ -38,6 +38,14 @@ POOL_FORMS = ("auto", "mask", "list")
 ENTRY_FORMS = ("auto", "selected", "all")
 
 
+QAT_ROUND_TRIPS = ("fp8_e4m3_qat", "fp4_pow2_qat", "fp4_pow2_pack", "fp4_e4m3scale_pack")
+
+
+def require_qat(name: str) -> None:
+    if name not in QAT_ROUND_TRIPS:
+        raise ValueError(f"unknown kv_qat round-trip {name!r}; round-trips: {QAT_ROUND_TRIPS}")
+
+
 def decl_by_name(name: str) -> OpDecl:
     for d in DECLS:
         if d.name == name:
@@ -58,6 +66,7 @@ def _triton_kernels() -> dict:
     from dsflash.plugins.csa2_sparse_attention.kernel import SparseAttentionLauncher
     from dsflash.plugins.engram_hash_gather.kernel import engram_hash_gather
     from dsflash.plugins.mhc_boundary.kernel import MhcBoundaryLauncher
+    from dsflash.plugins.qat_round import kernel as qat_round
     from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
 
     return {"engram_hash_gather": engram_hash_gather, "csa2_index_score": csa2_index_score,
@@ -65,7 +74,8 @@ def _triton_kernels() -> dict:
             "stable_topk": StableTopkLauncher(), "csa2_index_score_pooled": csa2_index_score_pooled,
             "pool_entry_list": pool_entry_list, "listed_picks": listed_picks,
             "csa2_index_score_fp4": csa2_index_score_fp4, "csa2_index_score_fp4_pooled": listed_fp4_scores,
-            "csa2_entries_fp4": csa2_entries_fp4}
+            "csa2_entries_fp4": csa2_entries_fp4,
+            **{name: getattr(qat_round, name) for name in QAT_ROUND_TRIPS}}
 
 
 class OpSet:
@@ -235,6 +245,14 @@ class OpSet:
         of a row's head blocks decodes every key again: docs/benchmarks.md, session 23.)"""
         kv, idx = self.csa2_entries_fp4(q_BSHD, codes_BNC, scales_BNG, idx_BSK)
         return self.csa2_sparse_attention(q_BSHD, kv, idx, win_kv_BTD, win_mask_BST, sink_H, scale)
+
+    def qat(self, name: str, x):
+        """A kv_qat round-trip of model/quant.py by name (fp8_e4m3_qat, fp4_pow2_qat, fp4_pow2_pack,
+        fp4_e4m3scale_pack): one Triton launch each on the eager Triton backend (plugins/qat_round,
+        bit for bit the same), the reference's ops elsewhere: the graphs keep standard ops, and a
+        compiled trace keeps them for inductor to fuse."""
+        require_qat(name)
+        return self._launcher_or(name, getattr(quant, name), x, traced_reference=True)
 
     def stable_topk(self, scores, k: int):
         """Not a plugin op: graphs keep the reference's sort (ONNX TopK). On the Triton backend
