@@ -35,6 +35,7 @@ esac
 if [ "$run_tests" = 1 ]; then
   python3 -P -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_kernels_gpu.py \
     tests/test_runtime_gpu.py tests/test_compiled_step.py tests/test_aot_gpu.py tests/test_ort_cuda.py \
+    tests/test_qat_kernel.py \
     -rs --durations=12 2>&1 | tee "$OUT/tests.log"
   tests=${PIPESTATUS[0]}
   python3 scripts/aot_kernels.py --config flash --dtype bf16 --out "$OUT/kernels_flash" 2>&1 | tail -7 \
