@@ -124,7 +124,7 @@ def pdl_kernel_specs() -> dict:
                             | constants(attention.launch_config(64, 512, bf16, rows=64))),
         # kv_qat's FP4 entries: the selected rows decoded for the attention
         "entries_fp4": (entries_fp4.csa2_entries_fp4_kernel, entries_trt.kernel_signature(bf16),
-                        {"C": 256, "CP": 256, "ROWS": entries_fp4.ROWS, "WORDS": True}),
+                        {"C": 256, "CP": 256, "ROWS": entries_fp4.ROWS}),
         "attention_combine": (attention.csa2_attention_combine_kernel,
                               attention_split_trt.combine_signature(bf16),
                               {"H": 64, "D": 512, "NSP": 32, "BLOCK_D": attn_cfg["BLOCK_D"]}),
