@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from dsflash.model import csa2_ops, quant
+from dsflash.model import csa2_ops
 from dsflash.plugins.csa2_index_score.decl import DECL as INDEX_SCORE
 from dsflash.plugins.csa2_index_score.decl import FP4_DECL as INDEX_SCORE_FP4
 from dsflash.plugins.csa2_index_score.reference import csa2_index_score_fp4_pooled as pooled_fp4_reference
@@ -28,6 +28,7 @@ from dsflash.plugins.mhc_boundary import splits as mhc_splits
 from dsflash.plugins.mhc_boundary.decl import DECL as MHC_BOUNDARY
 from dsflash.plugins.mhc_boundary.decl import FINISH_DECL as MHC_FINISH
 from dsflash.plugins.mhc_boundary.decl import PARTIALS_DECL as MHC_PARTIALS
+from dsflash.plugins.qat_round import reference as qat_reference
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
 DECLS: tuple[OpDecl, ...] = (ENGRAM_HASH_GATHER, INDEX_SCORE, SPARSE_ATTENTION, MHC_BOUNDARY,
@@ -252,7 +253,7 @@ class OpSet:
         bit for bit the same), the reference's ops elsewhere: the graphs keep standard ops, and a
         compiled trace keeps them for inductor to fuse."""
         require_qat(name)
-        return self._launcher_or(name, getattr(quant, name), x, traced_reference=True)
+        return self._launcher_or(name, getattr(qat_reference, name), x, traced_reference=True)
 
     def stable_topk(self, scores, k: int):
         """Not a plugin op: graphs keep the reference's sort (ONNX TopK). On the Triton backend

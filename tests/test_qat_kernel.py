@@ -9,8 +9,8 @@ import pytest
 import torch
 from test_quant import hard_values
 
-from dsflash.model import quant
 from dsflash.plugins.launch import interpreting
+from dsflash.plugins.qat_round import reference
 
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
 
@@ -43,7 +43,7 @@ def test_round_trip_kernel_is_bit_exact(gen, name, dtype):
         # the interpreter converts bf16 subnormals to fp32 wrongly (triton 3.6: 6.52e-39 -> 1.29e-39);
         # the GPU keeps them, and runs them
         x = torch.where(x.abs() < torch.finfo(dtype).tiny, torch.zeros_like(x), x)
-    want = getattr(quant, name)(x)
+    want = getattr(reference, name)(x)
     got = getattr(kernel, name)(x.to(DEVICE))
     want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
     for g, w in zip(got, want, strict=True):
@@ -57,7 +57,7 @@ def test_round_trip_kernel_shapes_and_bad_input(gen):
     from dsflash.plugins.qat_round import kernel
 
     x = torch.randn(2, 3, 5, 64, generator=gen)
-    assert torch.equal(kernel.fp4_pow2_qat(x.to(DEVICE)).cpu(), quant.fp4_pow2_qat(x))
+    assert torch.equal(kernel.fp4_pow2_qat(x.to(DEVICE)).cpu(), reference.fp4_pow2_qat(x))
     codes, exps = kernel.fp4_pow2_pack(x.to(DEVICE))
     assert codes.shape == (2, 3, 5, 32) and exps.shape == (2, 3, 5, 2)
     assert kernel.fp8_e4m3_qat(torch.empty(0, 32, device=DEVICE)).shape == (0, 32)
