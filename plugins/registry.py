@@ -79,6 +79,20 @@ def _triton_kernels() -> dict:
             **{name: getattr(qat_round, name) for name in QAT_ROUND_TRIPS}}
 
 
+def _choice(name: str, forms: tuple[str, ...], what: str) -> property:
+    """An OpSet setting that must be one of `forms`: any other value is a ValueError naming it
+    and the forms."""
+    def get(self) -> str:
+        return getattr(self, f"_{name}")
+
+    def put(self, value: str) -> None:
+        if value not in forms:
+            raise ValueError(f"unknown {what} {value!r}; forms: {forms}")
+        setattr(self, f"_{name}", value)
+
+    return property(get, put)
+
+
 class OpSet:
     """`split_attention`: the reference and custom_op backends run Csa2SparseAttention as its split
     form (Csa2SparseAttentionSplit + Csa2AttentionCombine, tuned for an H200: splits.py), which is
@@ -108,25 +122,8 @@ class OpSet:
         self.pool_form = pool_form
         self.entry_form = entry_form
 
-    @property
-    def entry_form(self) -> str:
-        return self._entry_form
-
-    @entry_form.setter
-    def entry_form(self, value: str) -> None:
-        if value not in ENTRY_FORMS:
-            raise ValueError(f"unknown entry form {value!r}; forms: {ENTRY_FORMS}")
-        self._entry_form = value
-
-    @property
-    def pool_form(self) -> str:
-        return self._pool_form
-
-    @pool_form.setter
-    def pool_form(self, value: str) -> None:
-        if value not in POOL_FORMS:
-            raise ValueError(f"unknown pool form {value!r}; forms: {POOL_FORMS}")
-        self._pool_form = value
+    entry_form = _choice("entry_form", ENTRY_FORMS, "entry form")
+    pool_form = _choice("pool_form", POOL_FORMS, "pool form")
 
     @property
     def lists_pool(self) -> bool:

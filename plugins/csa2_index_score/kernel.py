@@ -156,7 +156,7 @@ def _stored_block_scores(q_ptr, w_ptr, k_ptr, vis_ptr, out_ptr, b, s, S, N, q, w
 
 
 @triton.jit
-def _e2m1_values(nib):
+def e2m1_nibble_values(nib):
     """FP4 e2m1 nibbles (bit 3 = sign) -> grid values 0, .5, 1, 1.5, 2, 3, 4, 6 in fp32."""
     code = nib & 7
     half = (code & 1).to(tl.float32) * 0.5
@@ -190,8 +190,8 @@ def _fp4_keys(codes_ptr, exps_ptr, entry, nmask, J: tl.constexpr, BLOCK_N: tl.co
                    mask=gm[:, :, None], other=0).to(tl.int32)
     e = tl.load(exps_ptr + entry[:, None] * G + g[None, :], mask=gm, other=0).to(tl.int32)
     scale = exact_pow2(e)[:, :, None]
-    even = _e2m1_values(byte & 15) * scale
-    odd = _e2m1_values(byte >> 4) * scale
+    even = e2m1_nibble_values(byte & 15) * scale
+    odd = e2m1_nibble_values(byte >> 4) * scale
     return tl.reshape(tl.join(even, odd), [BLOCK_N, GP * 32]).to(dtype)
 
 

@@ -83,13 +83,9 @@ def csa2_index_score_fp4_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes
     pooled_fp4_config; `overrides` replaces them (BLOCK_N, BLOCKS, STAGES, EXP_WORDS, num_warps,
     PDL: benchmarks, tests)."""
     op = "Csa2IndexScore(fp4, pooled)"
-    n = check_fp4_keys(op, q_BSIJ, codes_BNH, exps_BNG)
+    n, p = _check_listed(op, q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP)
     b, s, heads, j = q_BSIJ.shape
-    check_shape(op, "entries", entries_BSP, (b, s, None))
-    p = entries_BSP.shape[2]
-    _check(op, q_BSIJ, w_BSI, p)
     check_dtype(op, "q", q_BSIJ, (torch.float32 if interpreting() else torch.bfloat16,))
-    check_dtype(op, "entries", entries_BSP, (torch.int32, torch.int64))
     require(heads >= 16 and heads == next_pow2(heads),
             f"{op}: the FP8 tensor-core path needs a power-of-two head count >= 16, got {heads}")
     check_device(op, q=q_BSIJ, w=w_BSI, codes=codes_BNH, exps=exps_BNG, entries=entries_BSP)
@@ -108,6 +104,18 @@ def csa2_index_score_fp4_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes
     return out
 
 
+def _check_listed(op: str, q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP) -> tuple[int, int]:
+    """The listed pool's inputs, as both paths below take them: FP4 keys (check_fp4_keys), ids
+    [B, S, P] int32/int64 and the queries' head weights. Returns (N, P)."""
+    n = check_fp4_keys(op, q_BSIJ, codes_BNH, exps_BNG)
+    b, s = q_BSIJ.shape[:2]
+    check_shape(op, "entries", entries_BSP, (b, s, None))
+    p = entries_BSP.shape[2]
+    _check(op, q_BSIJ, w_BSI, p)
+    check_dtype(op, "entries", entries_BSP, (torch.int32, torch.int64))
+    return n, p
+
+
 def listed_fp4_scores(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: torch.Tensor,
                       exps_BNG: torch.Tensor, entries_BSP: torch.Tensor) -> torch.Tensor:
     """What OpSet("triton") runs for a listed pool over FP4 keys, with the reference's signature:
@@ -122,13 +130,8 @@ def listed_fp4_scores(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: torc
         return csa2_index_score_fp4_pooled(q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP)
     from dsflash.plugins.csa2_index_score.reference import csa2_index_score, unpack_keys_fp4
 
-    op = "Csa2IndexScore(fp4, pooled)"
-    n = check_fp4_keys(op, q_BSIJ, codes_BNH, exps_BNG)
+    n, p = _check_listed("Csa2IndexScore(fp4, pooled)", q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP)
     b, s, heads, j = q_BSIJ.shape
-    check_shape(op, "entries", entries_BSP, (b, s, None))
-    p = entries_BSP.shape[2]
-    _check(op, q_BSIJ, w_BSI, p)
-    check_dtype(op, "entries", entries_BSP, (torch.int32, torch.int64))
     ids = entries_BSP.long()
     listed = (ids >= 0) & (ids < n)
     if n == 0:

@@ -4,10 +4,11 @@ the rows a selection names (reference.py:csa2_entries_fp4).
 
 Each program decodes ROWS output rows: it reads each row's entry id, the entry's D/2 code bytes
 and D/16 scale bytes, and writes D values in the output dtype. Everything is arithmetic on the
-bits (no table): an e2m1 magnitude is m/2 below code 4, else (1 + m%2/2) 2^(m/2 - 1); an e4m3
-scale with exponent field E >= 1 is the fp32 with exponent E - 7 and the same 3 mantissa bits,
-with E = 0 it is m 2^-9. A grid value times a scale has at most 6 significant bits, so the
-product is exact in every output dtype: the kernel equals the reference bit for bit.
+bits (no table): e2m1 codes as the FP4 index kernels decode them
+(csa2_index_score.kernel.e2m1_nibble_values); an e4m3 scale with exponent field E >= 1 is the fp32
+with exponent E - 7 and the same 3 mantissa bits, with E = 0 it is m 2^-9. A grid value times a
+scale has at most 6 significant bits, so the product is exact in every output dtype: the kernel
+equals the reference bit for bit.
 
 A decode step decodes the K rows each query row selects (K x D/2 + K x D/16 bytes read instead of
 K x 2D for bf16 entries; 288 B per 512-dim entry); the attention then reads them from L2.
@@ -20,19 +21,11 @@ import triton
 import triton.language as tl
 
 from dsflash.plugins.aot import cdiv_expr as cdiv
+from dsflash.plugins.csa2_index_score.kernel import e2m1_nibble_values
 from dsflash.plugins.launch import check_device, check_dtype, check_shape, next_pow2, require
 from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
 
 ROWS = 8  # output rows per program; 4 warps over [8, 256] code bytes at the released head_dim 512
-
-
-@triton.jit
-def _e2m1(nib):
-    """fp32 value of 4-bit e2m1 codes (int32 0-15; bit 3 the sign)."""
-    m = nib & 7
-    high = tl.where(m >= 6, 4.0, 2.0) * (1.0 + 0.5 * (m & 1).to(tl.float32))
-    mag = tl.where(m < 4, m.to(tl.float32) * 0.5, high)
-    return tl.where(nib >= 8, -mag, mag)
 
 
 @triton.jit
@@ -63,8 +56,8 @@ def csa2_entries_fp4_kernel(q_ptr, codes_ptr, scales_ptr, idx_ptr, N, R, TOTAL, 
     byte = tl.load(codes_ptr + src[:, None] * C + j[None, :], mask=m2, other=0).to(tl.int32)
     sbits = tl.load(scales_ptr + src[:, None] * (C // 8) + (j // 8)[None, :], mask=m2, other=0).to(tl.int32)
     scale = _e4m3(sbits)
-    lo = _e2m1(byte & 15) * scale  # channel 2j
-    hi = _e2m1(byte >> 4) * scale  # channel 2j + 1
+    lo = e2m1_nibble_values(byte & 15) * scale  # channel 2j
+    hi = e2m1_nibble_values(byte >> 4) * scale  # channel 2j + 1
     vals = tl.interleave(lo, hi)  # [ROWS, 2 CP], channels in order
     d = tl.arange(0, 2 * CP)
     tl.store(out_ptr + t[:, None] * (2 * C) + d[None, :], vals.to(out_ptr.dtype.element_ty),

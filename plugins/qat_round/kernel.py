@@ -9,11 +9,12 @@ docs/benchmarks.md, sessions 22-23). The graphs keep the reference's standard op
 pointwise chains), and a compiled step traces the references too (inductor fuses them).
 
 Each program takes BLOCKS quantisation blocks (rows of BS contiguous values), as two planes of
-their even and odd channels, the form the packed codes need (a code byte holds channels 2j and
-2j + 1). The maths works on fp32 bits: floor(log2 |v|) is the exponent field, 2^e is built from
-it, a round half to even at the step is (q + 1.5 2^23) - 1.5 2^23 (exact for |q| < 2^22: q is at
-most 16 here), and divisions by a scale that is not a power of two are correctly rounded (div_rn),
-as PyTorch's are. tests/test_qat_kernel.py checks every form bit for bit.
+their even and odd channels, the form the packed codes need (a code byte holds channels 2j
+and 2j + 1). The maths works on fp32 bits: floor(log2 |v|) is the exponent field, 2^e is built from bits
+(csa2_index_score.kernel.exact_pow2), a round half to even at the step is (q + 1.5 2^23) -
+1.5 2^23 (exact for |q| < 2^22: q is at most 16 here), and divisions by a scale that is not a power of
+two are correctly rounded (div_rn), as PyTorch's are. tests/test_qat_kernel.py checks every form
+bit for bit.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import triton
 import triton.language as tl
 
 from dsflash.plugins.aot import cdiv_expr as cdiv
+from dsflash.plugins.csa2_index_score.kernel import exact_pow2
 from dsflash.plugins.launch import check_device, check_dtype, require
 
 FP8_POW2, FP4_POW2, FP4_E4M3 = 0, 1, 2  # the scale and grid of a mode (model/quant.py's docstring)
@@ -36,17 +38,11 @@ def _exponent(v):
 
 
 @triton.jit
-def _pow2(e):
-    """2^e in fp32 for int32 e in [-126, 127]."""
-    return ((e + 127) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _round_at_step(v, MANT: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr):
     """model/quant.py:_round_at_step: v to MANT mantissa bits at its exponent clamped to [LO, HI]."""
     e = tl.minimum(tl.maximum(_exponent(v), LO), HI) - MANT
-    q = v * _pow2(-e)  # exact: a power of two (multiplied, since fp32 division may be approximate)
-    return ((q + 12582912.0) - 12582912.0) * _pow2(e)  # half to even (|q| < 2^22)
+    q = v * exact_pow2(-e)  # exact: a power of two (multiplied, since fp32 division may be approximate)
+    return ((q + 12582912.0) - 12582912.0) * exact_pow2(e)  # half to even (|q| < 2^22)
 
 
 @triton.jit
@@ -61,7 +57,7 @@ def _e2m1_code(r):
     """Code (bit 3 the sign, bits 0-2 the grid index) of an e2m1 grid value r."""
     mag = tl.abs(r)
     e = tl.minimum(tl.maximum(_exponent(mag), 1), 2)
-    high = 2 + 2 * e + (2 * (mag * _pow2(-e) - 1)).to(tl.int32)
+    high = 2 + 2 * e + (2 * (mag * exact_pow2(-e) - 1)).to(tl.int32)
     code = tl.where(mag < 2, (mag * 2).to(tl.int32), high)
     return code + 8 * (r < 0).to(tl.int32)
 
@@ -82,15 +78,15 @@ def qat_round_kernel(x_ptr, NB, out_ptr, side_ptr, BS: tl.constexpr, MODE: tl.co
     amax = tl.maximum(tl.max(tl.abs(xe), axis=1), tl.max(tl.abs(xo), axis=1))[:, None]
     if MODE == 0:  # FP8_POW2: e4m3 values, scale 2^ceil(log2(max(amax, 1e-4) / 448))
         e = _ceil_log2(tl.maximum(amax, 1e-4) * (1.0 / 448.0))
-        s = _pow2(e)
-        inv = _pow2(-e)
+        s = exact_pow2(e)
+        inv = exact_pow2(-e)
         re = _round_at_step(tl.minimum(tl.maximum(xe * inv, -448.0), 448.0), 3, -6, 8)
         ro = _round_at_step(tl.minimum(tl.maximum(xo * inv, -448.0), 448.0), 3, -6, 8)
     else:
         six = tl.full(amax.shape, 6.0, tl.float32)
         if MODE == 1:  # FP4_POW2: scale 2^ceil(log2(max(amax, 6 2^-126) / 6))
             e = _ceil_log2(tl.math.div_rn(tl.maximum(amax, 6 * 2.0**-126), six))
-            s = _pow2(e)
+            s = exact_pow2(e)
         else:  # FP4_E4M3: scale e4m3(max(amax, 6 2^-9) / 6), saturating at 448
             y = tl.math.div_rn(tl.maximum(amax, 6 * 2.0**-9), six)
             s = _round_at_step(tl.minimum(y, 448.0), 3, -6, 8)
@@ -105,7 +101,7 @@ def qat_round_kernel(x_ptr, NB, out_ptr, side_ptr, BS: tl.constexpr, MODE: tl.co
         else:  # e4m3 bits: exponent field (bias 7) x 8 + mantissa; subnormals m 2^-9
             se = tl.minimum(tl.maximum(_exponent(s), -6), 8)
             normal = s >= 2.0**-6
-            mant = tl.where(normal, s * _pow2(-se) * 8 - 8, s * 512.0).to(tl.int32)
+            mant = tl.where(normal, s * exact_pow2(-se) * 8 - 8, s * 512.0).to(tl.int32)
             side = tl.where(normal, (se + 7) * 8, 0) + mant
         tl.store(side_ptr + blk, tl.reshape(side, [BLOCKS]).to(side_ptr.dtype.element_ty), mask=live)
     else:
