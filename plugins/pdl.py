@@ -71,6 +71,7 @@ def pdl_kernel_specs() -> dict:
     from dsflash.plugins.csa2_sparse_attention import trt_entries_fp4 as entries_trt
     from dsflash.plugins.csa2_sparse_attention import trt_split as attention_split_trt
     from dsflash.plugins.stable_topk import kernel as topk
+    from dsflash.plugins.stable_topk import prefilter
 
     def constants(cfg: dict) -> dict:
         return {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
@@ -117,6 +118,21 @@ def pdl_kernel_specs() -> dict:
                         {"CHUNK": 512, "KP": 512, "PP": 256, "LAST_BITS": 8, "HIST_BINS": 256, "PASSES": 4}),
         "topk_rank": (topk.radix_rank_kernel, rank_sig,
                       {"KP": 512, "RANK_BLOCK": 4, "CMP_BLOCK": 256, "HIST_BINS": 256, "PASSES": 4}),
+        "topk_block_max_pass": (prefilter.block_max_pass_kernel,
+                                {"scores_ptr": "*fp32", "N": "i32", "M": "i32", "k": "i32", "hist": "*i32",
+                                 "state": "*i64", "counter": "*i32", "bm_ptr": "*fp32"},
+                                {"SHIFT": 24, "BITS": 8, "CHUNK": 64, "BLOCK": 8, "HIST_BINS": 256,
+                                 "PASSES": 4}),
+        "topk_collect": (prefilter.prefilter_collect_kernel,
+                         {"scores_ptr": "*fp32", "N": "i32", "hist": "*i32", "state": "*i64",
+                          "counter": "*i32", "prog_eq": "*i32", "cand": "*u64", "tval": "*i64", "CAP": "i32"},
+                         {"CHUNK": 512, "LAST_BITS": 8, "HIST_BINS": 256, "PASSES": 4}),
+        "topk_block_max_rank": (prefilter.prefilter_rank_kernel,
+                                {"scores_ptr": "*fp32", "N": "i32", "k": "i32", "hist": "*i32",
+                                 "counter": "*i32", "prog_eq": "*i32", "cand": "*u64", "tval": "*i64",
+                                 "vals_ptr": "*fp32", "idx_ptr": "*i64", "CAP": "i32"},
+                                {"RANK_PROGS": 128, "RANK_BLOCK": 4, "CMP_BLOCK": 256, "CHUNK": 512,
+                                 "PP": 256, "HIST_BINS": 256, "PASSES": 4}),
         "attention_split": (attention.csa2_sparse_attention_kernel, attention_trt.kernel_signature(bf16),
                             {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True} | attn_cfg),
         "attention_batch": (attention.csa2_sparse_attention_kernel, attention_trt.kernel_signature(bf16),

@@ -215,11 +215,14 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
     return out
 
 
-def topk_settings(chunks: list[int], digits: list[tuple]) -> dict:
+def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = ()) -> dict:
     """Label -> StableTopkLauncher overrides: each chunk with 4 warps, 4 warps without the idle
     skip and 8 warps; each digit split (widths of the passes, most significant first) with the
-    launcher's own chunk."""
-    out = {}
+    launcher's own chunk; with `blocks`, the radix form and the block-max form (prefilter.py) at
+    each block size."""
+    out = {"radix form": {"FORM": "radix"}} if blocks else {}
+    for block in blocks:
+        out[f"block-max form, blocks of {block}"] = {"FORM": "prefilter", "BLOCK": block}
     for chunk in chunks:
         for warps, skip in ((4, True), (4, False), (8, True)):
             out[f"chunk {chunk} warps {warps}{'' if skip else ' no skip'}"] = {
@@ -389,6 +392,9 @@ def main() -> None:
                     "at each batch and context instead of timing the layers")
     ap.add_argument("--topk-digits", default="",
                     help="sweep the top-k's digit splits (e.g. 8-8-8-8,4-4-8-8-8)")
+    ap.add_argument("--topk-blocks", default="",
+                    help="sweep the top-k's radix form against its block-max form at these block sizes "
+                    "(e.g. 8,16)")
     ap.add_argument("--fp4-configs", default="", help="sweep the FP4 index kernel's launch "
                     "(BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS],...) instead of timing the layers")
     ap.add_argument("--attn-configs", default="", help="sweep the sparse attention's launch "
@@ -417,8 +423,10 @@ def main() -> None:
     res = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "torch": torch.__version__, "triton": triton.__version__, "bw_GBps": bw, "cases": []}
     gen = torch.Generator(device="cuda").manual_seed(0)
-    if args.topk_chunks or digits:
-        settings = topk_settings([int(c) for c in filter(None, args.topk_chunks.split(","))], digits)
+    topk_blocks = [int(b) for b in filter(None, args.topk_blocks.split(","))]
+    if args.topk_chunks or digits or topk_blocks:
+        chunks = [int(c) for c in filter(None, args.topk_chunks.split(","))]
+        settings = topk_settings(chunks, digits, topk_blocks)
         res["topk_sweep_us"] = {f"batch {b} ctx {c}": topk_sweep(b, c, gen, settings)
                                 for c in contexts for b in batches}
         (out / "topk_sweep.json").write_text(json.dumps(res, indent=1))
@@ -447,7 +455,7 @@ def main() -> None:
                 (out / "attn_sweep.json").write_text(json.dumps(res, indent=1))
                 times = (f"{k}: {v['us']:.1f} us ({100 * roof / v['us']:.0f}%)" for k, v in case.items())
                 log.info("batch %d ctx %d (roofline %.1f us): %s", b, c, roof, ", ".join(times))
-    if args.topk_chunks or digits or fp4_configs or attn_configs:
+    if args.topk_chunks or digits or topk_blocks or fp4_configs or attn_configs:
         return
     for ctx in contexts:
         for batch in tqdm(batches, desc=f"layers at {ctx}"):

@@ -5,12 +5,16 @@ timing alone does not say why a kernel is slow: occupancy, stalls, bytes moved p
     ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \\
         -k regex:mhc_boundary -c 1 python3 scripts/profile_kernels.py --case mhc8192
 
-Cases use the released sizes of scripts/bench_kernels.py; nothing is timed here.
+Cases use the released sizes of scripts/bench_kernels.py. `--kernel-times` instead prints each
+kernel's mean time over the repeats from torch.profiler (CUPTI), for a first look at which launch
+of a multi-launch op takes the time (no ncu needed).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 
 import bench_kernels as bench
 import torch
@@ -21,6 +25,8 @@ from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
 from dsflash.plugins.mhc_boundary import kernel as mhc_kernel
 from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
 
+log = logging.getLogger("profile_kernels")
+
 
 def mhc(tokens: int, gen, n_split: int | None = None):
     args = [a.cuda() for a in bench.mhc_inputs(tokens, gen)] + [20, 1e-6, 1e-6]
@@ -28,9 +34,9 @@ def mhc(tokens: int, gen, n_split: int | None = None):
     return lambda: launcher(*args, n_split=n_split)
 
 
-def topk(n: int, gen):
-    scores = torch.relu(torch.randn(1, n, generator=gen)).cuda()
-    launcher = StableTopkLauncher()
+def topk(n: int, gen, rows: int = 1, form: str | None = None):
+    scores = torch.relu(torch.randn(rows, n, generator=gen)).cuda()
+    launcher = StableTopkLauncher(overrides={"FORM": form} if form else None)
     return lambda: launcher(scores, bench.TOPK)
 
 
@@ -66,7 +72,10 @@ def attention(n: int, gen):
 
 CASES = {"mhc8192": lambda g: mhc(8192, g), "mhc1": lambda g: mhc(1, g),
          "mhc8192_split4": lambda g: mhc(8192, g, n_split=4),
-         "topk131072": lambda g: topk(131072, g), "index_fp4_131072": lambda g: index_fp4(131072, g),
+         "topk131072": lambda g: topk(131072, g),
+         "topk131072_b64_radix": lambda g: topk(131072, g, rows=64, form="radix"),
+         "topk131072_b64_block_max": lambda g: topk(131072, g, rows=64, form="prefilter"),
+         "index_fp4_131072": lambda g: index_fp4(131072, g),
          "index_fp4_131072_b64": lambda g: index_fp4(131072, g, batch=64),
          "index131072": lambda g: index_bf16(131072, g),
          "attn_decode": lambda g: attention(65536, g)}
@@ -76,11 +85,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", choices=sorted(CASES), required=True)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--kernel-times", action="store_true",
+                    help="print each kernel's mean time (torch.profiler)")
     args = ap.parse_args()
     fn = CASES[args.case](torch.Generator().manual_seed(0))
-    for _ in range(args.repeat):
-        fn()
+    fn()  # compile and allocate outside the profile
     torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if args.kernel_times \
+            else contextlib.nullcontext() as prof:
+        for _ in range(args.repeat):
+            fn()
+        torch.cuda.synchronize()
+    if args.kernel_times:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        for e in prof.key_averages():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                log.info("%-40s %6d calls %9.1f us each", e.key[:40], e.count, e.device_time_total / e.count)
 
 
 if __name__ == "__main__":

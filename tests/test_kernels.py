@@ -596,8 +596,7 @@ def test_stable_topk_launch_settings_are_exact(gen, over):
         want_v, want_i = topk_ref.stable_topk(scores, k)
         got_v, got_i = launcher(*_dev(scores), k)
         assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
-        for ws in launcher._ws.values():
-            assert torch.count_nonzero(ws["counter"]) == 0 and torch.count_nonzero(ws["hist"]) == 0
+        _assert_topk_workspaces_cleared(launcher)
 
 
 def test_stable_topk_chunks_grow_with_the_rows_of_a_batch():
@@ -630,30 +629,90 @@ def test_stable_topk_programs_without_entries_in_play_leave_no_stale_counts(gen,
         assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
 
 
+def _assert_topk_workspaces_cleared(launcher):
+    """Histograms back at zero after a call, and the radix form's slot counter (the block-max
+    form clears its counter at the start of a call instead: its last launch reads it)."""
+    for ws in launcher._ws.values():
+        assert torch.count_nonzero(ws["hist"]) == 0
+        assert "cand" in ws or torch.count_nonzero(ws["counter"]) == 0
+
+
 @pytest.mark.parametrize("rows,n,k,chunk", [(3, 50, 4, None), (2, 300, 8, 64), (1, 1000, 16, 128),
                                             (2, 5, 8, None), (1, 3000, 100, 256), (2, 700, 1, 128),
                                             (1, 64, 64, 16)])
 @pytest.mark.parametrize("digits", [None, (11, 11, 10), (5, 9, 7, 11)])
-def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk, digits):
+@pytest.mark.parametrize("form", ["radix", "prefilter"])
+def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk, digits, form):
     """Same indices and values as the stable sort, bit for bit: ties (ReLU zeros, rounded
     values) to the lower index across chunks, -inf / +inf, k > N, k = 1, k = N, several chunks,
     twice on one launcher (its histograms and counters must clear), for the default digit
-    schedule and two others (fewer, wider passes; uneven widths)."""
+    schedule and two others (fewer, wider passes; uneven widths), in both forms (the block-max
+    form falls back to the radix one where a row has fewer than k blocks)."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
     scores = torch.relu(torch.randn(rows, n, generator=gen)).round(decimals=1)
     scores[0, ::7] = float("-inf")
     scores[-1, 3] = float("inf")
-    over = ({"CHUNK": chunk} if chunk else {}) | ({"DIGITS": digits} if digits else {})
+    over = ({"CHUNK": chunk} if chunk else {}) | ({"DIGITS": digits} if digits else {}) | {"FORM": form}
     launcher = topk_kernel.StableTopkLauncher(overrides=over)
     want_v, want_i = topk_ref.stable_topk(scores, k)
     for _ in range(2):
         got_v, got_i = launcher(*_dev(scores), k)
         assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
-        # counters and histograms are back at zero for the next call (CUDA-graph replay)
-        for ws in launcher._ws.values():
-            assert torch.count_nonzero(ws["counter"]) == 0 and torch.count_nonzero(ws["hist"]) == 0
+        _assert_topk_workspaces_cleared(launcher)  # for the next call (CUDA-graph replay)
+
+
+def _block_max_cases(gen) -> dict:
+    """Rows that stress the block-max form's bound (prefilter.py): name -> (scores, k)."""
+    n = 2000
+    ascending = torch.arange(n, dtype=torch.float32).expand(2, n).clone()  # the best all in the last blocks
+    ascending[1] = ascending[1].flip(0)
+    sparse_ties = torch.full((1, n), -1.0)
+    sparse_ties[0, ::100] = 0.0  # 20 zeros, one per 100 entries: the k-th best is a tie spread over chunks
+    sparse_ties[0, [5, 1234, 1999]] = 3.0
+    runs = torch.relu(torch.randn(3, n, generator=gen)).round(decimals=1)
+    runs[:, 640:700] = 9.0  # one run of equal best scores across blocks
+    return {"ascending": (ascending, 60), "sparse ties": (sparse_ties, 15), "equal run": (runs, 40),
+            "all equal": (torch.zeros(2, n), 33), "all -inf": (torch.full((2, n), float("-inf")), 10)}
+
+
+@pytest.mark.parametrize("case", ["ascending", "sparse ties", "equal run", "all equal", "all -inf"])
+@pytest.mark.parametrize("block", [2, 8, 32])
+def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block):
+    """The block-max form against the stable sort, bit for bit, where it works hardest: the k best
+    in the last blocks (the most entries above the k-th block maximum, (k - 1) x BLOCK, several
+    strides of the rank programs), ties of the k-th best spread over chunks (written after the
+    entries above it, in index order), a run of equal best scores, all equal, all -inf; one
+    launcher for all of them, so a stale count or histogram would show."""
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
+    from dsflash.plugins.stable_topk import reference as topk_ref
+
+    scores, k = _block_max_cases(gen)[case]
+    launcher = topk_kernel.StableTopkLauncher(overrides={"FORM": "prefilter", "BLOCK": block, "CHUNK": 256,
+                                                         "RANK_BLOCK": 2})
+    assert launcher._form(*scores.shape, k, block) == "prefilter"
+    want_v, want_i = topk_ref.stable_topk(scores, k)
+    for _ in range(2):
+        got_v, got_i = launcher(*_dev(scores), k)
+        assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
+        _assert_topk_workspaces_cleared(launcher)
+
+
+def test_stable_topk_picks_its_form_by_blocks():
+    """The block-max form serves rows of at least 4k blocks (a Full layer's 128K entries, one row
+    or many); rows of fewer blocks (a listed pool of 16K) take the radix form; a forced form it
+    cannot serve (fewer than k blocks) falls back; a bad FORM or BLOCK is refused, naming it."""
+    from dsflash.plugins.stable_topk.kernel import PREFILTER_BLOCK, StableTopkLauncher
+
+    auto, forced = StableTopkLauncher(), StableTopkLauncher(overrides={"FORM": "prefilter"})
+    assert auto._form(1, 131072, 512, PREFILTER_BLOCK) == auto._form(64, 131072, 512, 8) == "prefilter"
+    assert auto._form(64, 16384, 512, 16) == "radix"  # 1,024 blocks < 4 x 512
+    assert forced._form(1, 4096, 512, 8) == "prefilter" and forced._form(1, 4000, 512, 8) == "radix"
+    with pytest.raises(ValueError, match="FORM must be 'radix' or 'prefilter', got 'sort'"):
+        StableTopkLauncher(overrides={"FORM": "sort"})._form(2, 4096, 8, 8)
+    with pytest.raises(ValueError, match="BLOCK must be a power of two in 2..512, got 12"):
+        auto._form(2, 4096, 8, 12)
 
 
 @pytest.mark.parametrize("regs, warps, shared, want", [

@@ -32,6 +32,11 @@ slower: 27.2 us at 128K with a 1,024-entry sort, 47.2 with 2,048, 90.4 with 4,09
 for every pass; one program's bitonic sort costs more than the launches it saves. Programmatic
 dependent launch (plugins/pdl.py) is kept: 22.0 us against 23.8 us without it.
 
+Rows of at least 4k blocks of PREFILTER_BLOCK entries take the block-max form instead
+(prefilter.py: the same digit passes over the blocks' maxima, then only the entries above the k-th
+maximum are ranked; H200 at 128K, k = 512: 98.6 against 173.3 us for 64 rows, 13.2 against 17.1
+us for one; StableTopkLauncher._form). Both forms give the reference's bits.
+
 NaN scores are not checked (that would sync the host every call) and do not order as the
 reference's sort orders them; index scores are finite or -inf.
 
@@ -53,14 +58,20 @@ import triton.language as tl
 from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.launch import LauncherBase, check_device, check_dtype, next_pow2, require
 from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
+from dsflash.plugins.stable_topk.keys import chunk_keys, clear_histograms, narrowed, place_among, write_picks
+from dsflash.plugins.stable_topk.prefilter import (
+    block_max_pass_kernel,
+    prefilter_collect_kernel,
+    prefilter_rank_kernel,
+)
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
-# constants the kernels read (Triton only lets jit code see constexpr globals)
-BIG = tl.constexpr(3.4028234663852886e38)  # float32 max: the reference clamps +-inf to it
 # digit widths of the passes over the 32-bit key, most significant first (the launch default;
 # `DIGITS` in the overrides for a sweep). Up to 11 bits: the last program's histogram arithmetic
 # stays in registers (ptxas, sm_90: 12 bits spill).
 DIGITS = (8, 8, 8, 8)
+# entries per block of the block-max form (prefilter.py; H200 sweep in _form)
+PREFILTER_BLOCK = 16
 
 
 def digit_passes(digits: tuple) -> tuple:
@@ -69,45 +80,6 @@ def digit_passes(digits: tuple) -> tuple:
             f"StableTopk: digit widths {digits} must be 1..11 bits each and add up to 32")
     shifts = [32 - sum(digits[:i + 1]) for i in range(len(digits))]
     return tuple(zip(shifts, digits))
-
-
-@triton.jit
-def _ordered_keys(scores_ptr, row, n, ok, N):
-    """Order-preserving keys (int64 holding 32 bits): ascending key == ascending clamped score."""
-    s = tl.load(scores_ptr + row * N + n, mask=ok, other=0.0)
-    s = tl.minimum(tl.maximum(s, -BIG), BIG)
-    bits = s.to(tl.uint32, bitcast=True)
-    ordered = tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
-    return ordered.to(tl.int64) & 0xFFFFFFFF
-
-
-@triton.jit
-def _chunk_keys(scores_ptr, N, CHUNK: tl.constexpr):
-    """Grid (rows, chunks): this program's row, chunk, chunk count, entry indices, their mask and
-    keys."""
-    row = tl.program_id(0).to(tl.int64)
-    p = tl.program_id(1)
-    n = p * CHUNK + tl.arange(0, CHUNK)
-    ok = n < N
-    return row, p, tl.num_programs(1), n, ok, _ordered_keys(scores_ptr, row, n, ok, N)
-
-
-@triton.jit
-def _narrowed(hist, state, row, PREV: tl.constexpr, PREV_BITS: tl.constexpr, HIST_BINS: tl.constexpr,
-              PASSES: tl.constexpr):
-    """(prefix, k_rem) after pass PREV: pass PREV's state (the prefix and count it started from)
-    narrowed by the digit its finished histogram holds the k_rem-th best entry in. Every program
-    of the next launch derives it itself: no program has to wait for the others to finish."""
-    prefix = tl.load(state + (row * PASSES + PREV) * 2, cache_modifier=".cg")
-    k_rem = tl.load(state + (row * PASSES + PREV) * 2 + 1, cache_modifier=".cg")
-    b = tl.arange(0, 1 << PREV_BITS)
-    tot = tl.load(hist + (row * PASSES + PREV) * HIST_BINS + b, cache_modifier=".cg")
-    at_or_above = tl.sum(tot, axis=0) - tl.cumsum(tot, axis=0) + tot  # entries with digit >= b
-    above = at_or_above - tot
-    pick = (above < k_rem) & (at_or_above >= k_rem)
-    d = tl.max(tl.where(pick, b, -1), axis=0)
-    above_d = tl.sum(tl.where(b == d, above, 0), axis=0)
-    return (prefix << PREV_BITS) | d.to(tl.int64), k_rem - above_d.to(tl.int64)
 
 
 @triton.jit
@@ -122,12 +94,12 @@ def radix_digit_pass_kernel(scores_ptr, N, k, hist, state, counter, prog_hist,
     the k best still to find among those in play), written by the row's first program for the
     launches after. counter is unused here (one signature for every launch of the op)."""
     wait_for_earlier_grids(PDL)
-    row, p, n_prog, n, ok, key = _chunk_keys(scores_ptr, N, CHUNK)
+    row, p, n_prog, n, ok, key = chunk_keys(scores_ptr, N, CHUNK)
     if PASS == 0:
         prefix = tl.zeros([], dtype=tl.int64)
         k_rem = prefix + k  # (k may arrive as a constant: Triton specialises 1)
     else:
-        prefix, k_rem = _narrowed(hist, state, row, PASS - 1, PREV_BITS, HIST_BINS, PASSES)
+        prefix, k_rem = narrowed(hist, state, row, PASS - 1, PREV_BITS, HIST_BINS, PASSES)
     if p == 0:
         tl.store(state + (row * PASSES + PASS) * 2, prefix)
         tl.store(state + (row * PASSES + PASS) * 2 + 1, k_rem)
@@ -159,8 +131,8 @@ def radix_select_kernel(scores_ptr, N, k, hist, state, counter, prog_hist, sel,
     histogram, then the entries above V (slots from a relaxed atomic counter) and the first equal
     ones in index order into sel[row, :k], unsorted, as keys (score key, reversed index)."""
     wait_for_earlier_grids(PDL)
-    row, p, n_prog, n, ok, key = _chunk_keys(scores_ptr, N, CHUNK)
-    v, need_eq = _narrowed(hist, state, row, PASSES - 1, LAST_BITS, HIST_BINS, PASSES)
+    row, p, n_prog, n, ok, key = chunk_keys(scores_ptr, N, CHUNK)
+    v, need_eq = narrowed(hist, state, row, PASSES - 1, LAST_BITS, HIST_BINS, PASSES)
     n_gt = k - need_eq
     gt = ok & (key > v)
     eq = ok & (key == v)
@@ -194,20 +166,11 @@ def radix_rank_kernel(scores_ptr, N, k, hist, counter, sel, vals_ptr, idx_ptr, K
     r = p * RANK_BLOCK + tl.arange(0, RANK_BLOCK)
     keep = r < k
     mine = tl.load(sel + row * KP + r, mask=keep, other=0, cache_modifier=".cg")
-    rank = tl.zeros([RANK_BLOCK], dtype=tl.int32)
-    for c in tl.range(0, k, CMP_BLOCK):
-        j = c + tl.arange(0, CMP_BLOCK)
-        other = tl.load(sel + row * KP + j, mask=j < k, other=0, cache_modifier=".cg")  # 0: below every key
-        rank += tl.sum((other[None, :] > mine[:, None]).to(tl.int32), axis=1)
+    rank = place_among(mine, sel + row * KP, k, CMP_BLOCK)
     index = (0xFFFFFFFF - (mine & 0xFFFFFFFF)).to(tl.int64)
-    tl.store(idx_ptr + row * k + rank, index, mask=keep)
-    # values from the scores themselves (the keys hold the clamped ones), as the reference
-    tl.store(vals_ptr + row * k + rank, tl.load(scores_ptr + row * N + index, mask=keep, other=0.0),
-             mask=keep)
+    write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, rank, index, keep)
     if p == 0:
-        b = tl.arange(0, HIST_BINS)
-        for i in tl.static_range(PASSES):
-            tl.store(hist + (row * PASSES + i) * HIST_BINS + b, tl.zeros_like(b))
+        clear_histograms(hist, row, HIST_BINS, PASSES)
         tl.store(counter + row, 0)
 
 
@@ -263,8 +226,12 @@ class StableTopkLauncher(LauncherBase):
         flat = scores.contiguous().view(rows, n)
         vals = torch.empty(rows, k_out, dtype=torch.float32, device=scores.device)
         idx = torch.empty(rows, k_out, dtype=torch.int64, device=scores.device)
-        ws = self._workspace(scores.device, rows, n_prog, kp, passes)
         warps = self._overrides.get("num_warps", 4)
+        block = self._overrides.get("BLOCK", PREFILTER_BLOCK)
+        if self._form(rows, n, k_out, block) == "prefilter":
+            self._block_max_form(flat, k_out, vals, idx, passes, chunk, block, warps)
+            return vals.view(*lead, k_out), idx.view(*lead, k_out)
+        ws = self._workspace(scores.device, rows, n_prog, kp, passes)
         hist, state, counter = ws["hist"], ws["state"], ws["counter"]
         common = dict(CHUNK=chunk, HIST_BINS=hist.shape[2], PASSES=len(passes), num_warps=warps,
                       **pdl_launch_args(scores.device, self._overrides))
@@ -284,6 +251,77 @@ class StableTopkLauncher(LauncherBase):
             flat, n, k_out, hist, counter, ws["sel"], vals, idx, KP=ws["sel"].shape[1],
             RANK_BLOCK=rank_block, CMP_BLOCK=cmp_block, **common)
         return vals.view(*lead, k_out), idx.view(*lead, k_out)
+
+    def _form(self, rows: int, n: int, k_out: int, block: int) -> str:
+        """"radix" or "prefilter" (prefilter.py), the override FORM if given. The block-max form
+        needs at least k maxima; by default it serves rows of at least 4k blocks: with fewer, most
+        entries can lie above the k-th maximum, and the rank compares all of them with each other.
+        H200 sweep, k = 512, the index kernel's scores, graph replay (bench_layer_batch.py
+        --topk-blocks 8,16,32, 2026-12-04), us for 1 / 8 / 64 rows: 128K entries, radix 17.1 /
+        36.3 / 173.4, blocks of 8 13.7 / 23.7 / 105.4, of 16 13.4 / 24.1 / 99.3, of 32 13.4 /
+        23.0 / 96.5; a Reindex layer's listed pool of 16K (2,048 blocks of 8): radix 10.9 /
+        16.1 / 47.6, blocks of 8 12.6 / 14.8 / 41.2, of 32 (512 blocks, = k) 31.0 / 92.3 / 501.5."""
+        form = self._overrides.get("FORM")
+        require(form in (None, "radix", "prefilter"),
+                f"StableTopk: FORM must be 'radix' or 'prefilter', got {form!r}")
+        require(2 <= block <= 512 and block & (block - 1) == 0,
+                f"StableTopk: BLOCK must be a power of two in 2..512, got {block}")
+        blocks = cdiv(n, block)
+        if form is None:
+            form = "prefilter" if blocks >= 4 * k_out else "radix"
+        return form if blocks >= k_out else "radix"
+
+    def _block_max_form(self, flat: torch.Tensor, k_out: int, vals: torch.Tensor, idx: torch.Tensor,
+                        passes: tuple, chunk: int, block: int, warps: int) -> None:
+        """prefilter.py's launches into vals / idx [rows, k_out]. `chunk` (entries per program of
+        the collect and tie launches, as the radix form's) also sets the first launch's blocks per
+        program (chunk / block maxima: as many scores as a radix pass's program reads)."""
+        rows, n = flat.shape
+        m = cdiv(n, block)
+        n_prog = cdiv(n, chunk)
+        cap = k_out * block  # above (k - 1) x block entries cannot be above T (prefilter.py)
+        bm_chunk = max(chunk // block, 16)
+        pass_chunk = max(batch_chunk(rows, m), next_pow2(cdiv(m, self.MAX_PROGRAMS)))
+        bins = 1 << max(bits for _, bits in passes)
+
+        def fits(ws):
+            return (ws["bm"].shape[0] >= rows and ws["bm"].shape[1] >= m and ws["prog_eq"].shape[1] >= n_prog
+                    and ws["cand"].shape[1] >= cap)
+
+        def make():
+            r = max(rows, 1)
+            return {"hist": torch.zeros(r, len(passes), bins, dtype=torch.int32, device=flat.device),
+                    "counter": torch.zeros(r, dtype=torch.int32, device=flat.device),
+                    "state": torch.empty(r, len(passes), 2, dtype=torch.int64, device=flat.device),
+                    "tval": torch.empty(r, dtype=torch.int64, device=flat.device),
+                    "bm": torch.empty(r, next_pow2(m), dtype=torch.float32, device=flat.device),
+                    "prog_eq": torch.empty(r, next_pow2(n_prog), dtype=torch.int32, device=flat.device),
+                    "cand": torch.empty(r, next_pow2(cap), dtype=torch.uint64, device=flat.device)}
+
+        ws = self._reuse_or_make((flat.device, passes, "prefilter"), fits, make)
+        hist, state, counter = ws["hist"], ws["state"], ws["counter"]
+        cand_cap = ws["cand"].shape[1]
+        common = dict(HIST_BINS=bins, PASSES=len(passes), num_warps=warps,
+                      **pdl_launch_args(flat.device, self._overrides))
+        bm = ws["bm"].view(-1)[:rows * m]  # dense [rows, m]: the kernels index it so
+        shift, bits = passes[0]
+        block_max_pass_kernel[(rows, cdiv(m, bm_chunk))](
+            flat, n, m, k_out, hist, state, counter, bm, SHIFT=shift, BITS=bits, CHUNK=bm_chunk, BLOCK=block,
+            **common)
+        for i, (shift, bits) in enumerate(passes[1:], start=1):
+            radix_digit_pass_kernel[(rows, cdiv(m, pass_chunk))](
+                bm, m, k_out, hist, state, counter, ws["prog_eq"], SHIFT=shift, BITS=bits, PASS=i,
+                PREV_BITS=passes[i - 1][1], LAST=False, CHUNK=pass_chunk,
+                SKIP_IDLE=self._overrides.get("SKIP_IDLE", True), **common)
+        prefilter_collect_kernel[(rows, n_prog)](
+            flat, n, hist, state, counter, ws["prog_eq"], ws["cand"], ws["tval"], cand_cap, CHUNK=chunk,
+            LAST_BITS=passes[-1][1], **common)
+        rank_block = self._overrides.get("RANK_BLOCK", 4)
+        rank_progs = cdiv(k_out, rank_block)
+        prefilter_rank_kernel[(rows, rank_progs + n_prog)](
+            flat, n, k_out, hist, counter, ws["prog_eq"], ws["cand"], ws["tval"], vals, idx, cand_cap,
+            RANK_PROGS=rank_progs, RANK_BLOCK=rank_block, CMP_BLOCK=self._overrides.get("CMP_BLOCK", 256),
+            CHUNK=chunk, PP=next_pow2(n_prog), **common)
 
 
 def batch_chunk(rows: int, n: int, programs: int = 1024) -> int:

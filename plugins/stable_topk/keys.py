@@ -1,0 +1,84 @@
+"""The radix select's shared parts (plugins/stable_topk: kernel.py's radix form and
+prefilter.py's block-max form): order-preserving 32-bit keys of fp32 scores, and the narrowing of
+a digit pass's finished histogram into the prefix of the k-th best key."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# constants the kernels read (Triton only lets jit code see constexpr globals)
+BIG = tl.constexpr(3.4028234663852886e38)  # float32 max: the reference clamps +-inf to it
+
+
+@triton.jit
+def order_key(s):
+    """Order-preserving keys (int64 holding 32 bits) of fp32 values: ascending key == ascending
+    clamped value. Every key is above 0, so 0 stands below every score."""
+    s = tl.minimum(tl.maximum(s, -BIG), BIG)
+    bits = s.to(tl.uint32, bitcast=True)
+    ordered = tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+    return ordered.to(tl.int64) & 0xFFFFFFFF
+
+
+@triton.jit
+def ordered_keys(scores_ptr, row, n, ok, N):
+    """order_key of the scores at n of a row [N] (masked entries: the key of 0.0)."""
+    return order_key(tl.load(scores_ptr + row * N + n, mask=ok, other=0.0))
+
+
+@triton.jit
+def chunk_keys(scores_ptr, N, CHUNK: tl.constexpr):
+    """Grid (rows, chunks): this program's row, chunk, chunk count, entry indices, their mask and
+    keys."""
+    row = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    n = p * CHUNK + tl.arange(0, CHUNK)
+    ok = n < N
+    return row, p, tl.num_programs(1), n, ok, ordered_keys(scores_ptr, row, n, ok, N)
+
+
+@triton.jit
+def narrowed(hist, state, row, PREV: tl.constexpr, PREV_BITS: tl.constexpr, HIST_BINS: tl.constexpr,
+              PASSES: tl.constexpr):
+    """(prefix, k_rem) after pass PREV: pass PREV's state (the prefix and count it started from)
+    narrowed by the digit its finished histogram holds the k_rem-th best entry in. Every program
+    of the next launch derives it itself: no program has to wait for the others to finish."""
+    prefix = tl.load(state + (row * PASSES + PREV) * 2, cache_modifier=".cg")
+    k_rem = tl.load(state + (row * PASSES + PREV) * 2 + 1, cache_modifier=".cg")
+    b = tl.arange(0, 1 << PREV_BITS)
+    tot = tl.load(hist + (row * PASSES + PREV) * HIST_BINS + b, cache_modifier=".cg")
+    at_or_above = tl.sum(tot, axis=0) - tl.cumsum(tot, axis=0) + tot  # entries with digit >= b
+    above = at_or_above - tot
+    pick = (above < k_rem) & (at_or_above >= k_rem)
+    d = tl.max(tl.where(pick, b, -1), axis=0)
+    above_d = tl.sum(tl.where(b == d, above, 0), axis=0)
+    return (prefix << PREV_BITS) | d.to(tl.int64), k_rem - above_d.to(tl.int64)
+
+
+@triton.jit
+def place_among(mine, keys_ptr, count, CMP_BLOCK: tl.constexpr):
+    """The place of each of `mine` (unique full keys: score key << 32 | reversed index) among the
+    `count` keys at keys_ptr: how many of them are above it, counted CMP_BLOCK at a time."""
+    place = tl.zeros(mine.shape, dtype=tl.int32)
+    for c in tl.range(0, count, CMP_BLOCK):
+        j = c + tl.arange(0, CMP_BLOCK)
+        other = tl.load(keys_ptr + j, mask=j < count, other=0, cache_modifier=".cg")  # 0: below every key
+        place += tl.sum((other[None, :] > mine[:, None]).to(tl.int32), axis=1)
+    return place
+
+
+@triton.jit
+def write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, place, index, put):
+    """Index and score of each pick at its place in the row's k outputs; the values come from the
+    scores themselves (the keys hold the clamped ones), as the reference's."""
+    tl.store(idx_ptr + row * k + place, index, mask=put)
+    tl.store(vals_ptr + row * k + place, tl.load(scores_ptr + row * N + index, mask=put, other=0.0), mask=put)
+
+
+@triton.jit
+def clear_histograms(hist, row, HIST_BINS: tl.constexpr, PASSES: tl.constexpr):
+    """The row's digit-pass histograms back to 0 for the next call (CUDA-graph replay)."""
+    b = tl.arange(0, HIST_BINS)
+    for i in tl.static_range(PASSES):
+        tl.store(hist + (row * PASSES + i) * HIST_BINS + b, tl.zeros_like(b))

@@ -1,0 +1,137 @@
+"""Stable top-k, block-max form: the radix select runs over the maxima of blocks of BLOCK
+entries instead of over every entry, and only the entries it leaves can be among the k best.
+
+Why it is exact. Let T be the k-th largest block maximum (counted with multiplicity) and v the
+k-th best score. At least k blocks have a maximum >= T, each holding an entry >= T, so v >= T:
+every one of the k best is >= T. At most k - 1 blocks have a maximum above T, so at most
+(k - 1) x BLOCK entries are above T (G of them). If G >= k, the k best are the k best of those G;
+otherwise v = T, and the k best are the G entries above T and then the first k - G entries equal
+to T in index order, the reference's tie rule.
+
+Launches (grid (rows, programs) each, none waiting for another inside a launch):
+1. block_max_pass_kernel: the block maxima of each row (written, clamped as the reference sorts)
+   and the first digit pass of the radix select over them;
+2. kernel.py's radix_digit_pass_kernel for the other digits, over the maxima: T;
+3. prefilter_collect_kernel: the entries above T into a candidate list (slots from a relaxed
+   atomic counter, unordered) and each chunk's count of entries equal to T;
+4. prefilter_rank_kernel: each candidate's place is the count of candidates above it (score,
+   then lower index: unique keys), written where it is below k; when G < k, programs over the
+   chunks write the first k - G entries equal to T in index order after them.
+
+The digit passes read M = N / BLOCK maxima instead of N scores: at a decode batch, where the
+radix form's passes are bound by their histograms' work per entry, this saves most of it. The
+rank compares G candidates with each other (G^2; G is near k for scores without long runs of
+high values, and at most (k - 1) x BLOCK).
+
+The first launch clears the slot counter and the last one the histograms, for the next call
+(CUDA-graph replay). NaN scores are not checked, as in the radix form.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from dsflash.plugins.pdl import wait_for_earlier_grids
+from dsflash.plugins.stable_topk.keys import (
+    BIG,
+    chunk_keys,
+    clear_histograms,
+    narrowed,
+    order_key,
+    ordered_keys,
+    place_among,
+    write_picks,
+)
+
+
+@triton.jit
+def block_max_pass_kernel(scores_ptr, N, M, k, hist, state, counter, bm_ptr, SHIFT: tl.constexpr,
+                          BITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                          HIST_BINS: tl.constexpr, PASSES: tl.constexpr, PDL: tl.constexpr = False):
+    """Grid (rows, cdiv(M, CHUNK)): the maxima bm[row, :M] of CHUNK blocks of BLOCK scores
+    (clamped to +-float32 max) and their first digit (at SHIFT) histogrammed into hist[row, 0];
+    state[row, 0] = (0, k) and the row's slot counter back to 0, by the row's first program."""
+    wait_for_earlier_grids(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    j = p * CHUNK + tl.arange(0, CHUNK)
+    n = j[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    s = tl.load(scores_ptr + row * N + n, mask=n < N, other=-BIG)
+    top = tl.max(tl.minimum(tl.maximum(s, -BIG), BIG), axis=1)
+    live = j < M
+    tl.store(bm_ptr + row * M + j, top, mask=live)
+    if p == 0:
+        zero = tl.zeros([], dtype=tl.int64)
+        tl.store(state + row * PASSES * 2, zero)
+        tl.store(state + row * PASSES * 2 + 1, zero + k)
+        tl.store(counter + row, zero.to(tl.int32))
+    BINS: tl.constexpr = 1 << BITS
+    digit = ((order_key(top) >> SHIFT) & (BINS - 1)).to(tl.int32)
+    h = tl.histogram(digit, BINS, mask=live)
+    tl.atomic_add(hist + row * PASSES * HIST_BINS + tl.arange(0, BINS), h, mask=h > 0, sem="relaxed")
+
+
+@triton.jit
+def prefilter_collect_kernel(scores_ptr, N, hist, state, counter, prog_eq, cand, tval, CAP,
+                             CHUNK: tl.constexpr, LAST_BITS: tl.constexpr, HIST_BINS: tl.constexpr,
+                             PASSES: tl.constexpr, PDL: tl.constexpr = False):
+    """Grid (rows, chunks): T from the last digit pass over the maxima (into tval[row] for the
+    rank launch), the entries above T into cand[row, :CAP] as keys (score key, reversed index),
+    and the chunk's count of entries equal to T into prog_eq[row, chunk]."""
+    wait_for_earlier_grids(PDL)
+    row, p, n_prog, n, ok, key = chunk_keys(scores_ptr, N, CHUNK)
+    t, _ = narrowed(hist, state, row, PASSES - 1, LAST_BITS, HIST_BINS, PASSES)
+    if p == 0:
+        tl.store(tval + row, t)
+    gt = ok & (key > t)
+    tl.store(prog_eq + row * n_prog + p, tl.sum((ok & (key == t)).to(tl.int32), axis=0))
+    n_mine = tl.sum(gt.to(tl.int32), axis=0)
+    base = tl.atomic_add(counter + row, n_mine, mask=n_mine > 0, sem="relaxed")  # a run of slots
+    slot = base + tl.cumsum(gt.to(tl.int32), axis=0) - 1
+    full = ((key << 32) | (0xFFFFFFFF - n.to(tl.int64))).to(tl.uint64)  # unique: best, then lowest index
+    # slot < CAP always holds for finite scores (at most (k - 1) x BLOCK above T); the mask keeps
+    # NaN scores from writing past the list
+    tl.store(cand + row * CAP + slot, full, mask=gt & (slot < CAP))
+
+
+@triton.jit
+def prefilter_rank_kernel(scores_ptr, N, k, hist, counter, prog_eq, cand, tval, vals_ptr, idx_ptr, CAP,
+                          RANK_PROGS: tl.constexpr, RANK_BLOCK: tl.constexpr, CMP_BLOCK: tl.constexpr,
+                          CHUNK: tl.constexpr, PP: tl.constexpr, HIST_BINS: tl.constexpr,
+                          PASSES: tl.constexpr, PDL: tl.constexpr = False):
+    """Grid (rows, RANK_PROGS + chunks). The first RANK_PROGS programs of a row take its G
+    candidates RANK_BLOCK at a time (strided) and write each one whose place (candidates above it)
+    is below k; the others each take one chunk of the scores and, when G < k, write the entries
+    equal to T among the first k - G of them in index order at places G and on. The row's first
+    program clears the histograms for the next call (this launch does not read them)."""
+    wait_for_earlier_grids(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    q = tl.program_id(1)
+    g = tl.minimum(tl.load(counter + row, cache_modifier=".cg"), CAP)
+    if q < RANK_PROGS:
+        for start in tl.range(q * RANK_BLOCK, g, RANK_PROGS * RANK_BLOCK):
+            r = start + tl.arange(0, RANK_BLOCK)
+            keep = r < g
+            mine = tl.load(cand + row * CAP + r, mask=keep, other=0, cache_modifier=".cg")
+            rank = place_among(mine, cand + row * CAP, g, CMP_BLOCK)
+            write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, rank,
+                        (0xFFFFFFFF - (mine & 0xFFFFFFFF)).to(tl.int64), keep & (rank < k))
+        if q == 0:
+            clear_histograms(hist, row, HIST_BINS, PASSES)
+    else:
+        c = q - RANK_PROGS
+        need = k - g
+        if need > 0:
+            n_prog = tl.num_programs(1) - RANK_PROGS
+            pp = tl.arange(0, PP)
+            before = tl.sum(tl.load(prog_eq + row * n_prog + pp, mask=pp < c, other=0, cache_modifier=".cg"),
+                            axis=0)
+            if before < need:
+                n = c * CHUNK + tl.arange(0, CHUNK)
+                ok = n < N
+                t = tl.load(tval + row, cache_modifier=".cg")
+                eq = ok & (ordered_keys(scores_ptr, row, n, ok, N) == t)
+                eq_rank = before + tl.cumsum(eq.to(tl.int32), axis=0) - 1
+                put = eq & (eq_rank < need)
+                write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, g + eq_rank, n.to(tl.int64), put)
