@@ -105,6 +105,27 @@ def test_a_one_step_flip_is_explained_and_what_follows_it_is_not_compared():
     assert explain_flip(got, want, MODEL) == "rounding flip at layer 1: 1 element(s) one grid step apart"
 
 
+def test_a_flipped_entry_scale_is_explained_as_a_flip():
+    """An entry block's e4m3 scale (amax / 6) can itself sit at a rounding boundary: ONNX Runtime
+    and PyTorch then store adjacent scales, and the block's 16 codes re-round against them. The
+    packed entries are compared as the values they stand for, and each of those stays within one
+    e2m1 step of the other side, so the step counts as a flip at that layer, not a failure."""
+    from dsflash.model.quant import fp4_e4m3scale_pack
+
+    s1, s2 = 0.5, 0.5625  # adjacent e4m3 values: amax = 6 x their midpoint is the boundary
+    x = torch.linspace(-1.0, 1.0, 32) * 6 * (s1 + s2) / 2
+    outputs = []
+    for nudge in (1 - 2.0**-20, 1 + 2.0**-20):  # the two sides of the boundary, as two runtimes
+        codes, scales = fp4_e4m3scale_pack((x * nudge).view(1, 1, 32))
+        outputs.append({"new_kv.1": codes.numpy(), "new_kv_scale.1": scales.numpy(),
+                        "logits": np.arange(5, dtype=np.float32)[None]})
+    want, got = outputs
+    flipped = got["new_kv_scale.1"] != want["new_kv_scale.1"]
+    assert flipped.sum() == 2  # both blocks hold the amax: both scales flip
+    why = explain_flip(got, want, MODEL)
+    assert why is not None and why.startswith("rounding flip at layer 1:")
+
+
 @pytest.mark.parametrize("change", ["two_steps", "sign", "greedy_token", "logits_only",
                                     "entry_not_neighbour"])
 def test_what_is_not_a_flip(change):

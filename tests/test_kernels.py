@@ -673,7 +673,7 @@ def _block_max_cases(gen) -> dict:
     sparse_ties[0, [5, 1234, 1999]] = 3.0
     runs = torch.relu(torch.randn(3, n, generator=gen)).round(decimals=1)
     runs[:, 640:700] = 9.0  # one run of equal best scores across blocks
-    return {"ascending": (ascending, 60), "sparse ties": (sparse_ties, 15), "equal run": (runs, 40),
+    return {"ascending": (ascending, 20), "sparse ties": (sparse_ties, 15), "equal run": (runs, 40),
             "all equal": (torch.zeros(2, n), 33), "all -inf": (torch.full((2, n), float("-inf")), 10)}
 
 
