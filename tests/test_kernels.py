@@ -691,7 +691,7 @@ def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block):
     scores, k = _block_max_cases(gen)[case]
     launcher = topk_kernel.StableTopkLauncher(overrides={"FORM": "prefilter", "BLOCK": block, "CHUNK": 256,
                                                          "RANK_BLOCK": 2})
-    assert launcher._form(*scores.shape, k, block) == "prefilter"
+    assert launcher._form(scores.shape[-1], k, block) == "prefilter"
     want_v, want_i = topk_ref.stable_topk(scores, k)
     for _ in range(2):
         got_v, got_i = launcher(*_dev(scores), k)
@@ -706,13 +706,13 @@ def test_stable_topk_picks_its_form_by_blocks():
     from dsflash.plugins.stable_topk.kernel import PREFILTER_BLOCK, StableTopkLauncher
 
     auto, forced = StableTopkLauncher(), StableTopkLauncher(overrides={"FORM": "prefilter"})
-    assert auto._form(1, 131072, 512, PREFILTER_BLOCK) == auto._form(64, 131072, 512, 8) == "prefilter"
-    assert auto._form(64, 16384, 512, 16) == "radix"  # 1,024 blocks < 4 x 512
-    assert forced._form(1, 4096, 512, 8) == "prefilter" and forced._form(1, 4000, 512, 8) == "radix"
+    assert auto._form(131072, 512, PREFILTER_BLOCK) == auto._form(131072, 512, 8) == "prefilter"
+    assert auto._form(16384, 512, 16) == "radix"  # 1,024 blocks < 4 x 512
+    assert forced._form(4096, 512, 8) == "prefilter" and forced._form(4000, 512, 8) == "radix"
     with pytest.raises(ValueError, match="FORM must be 'radix' or 'prefilter', got 'sort'"):
-        StableTopkLauncher(overrides={"FORM": "sort"})._form(2, 4096, 8, 8)
+        StableTopkLauncher(overrides={"FORM": "sort"})._form(4096, 8, 8)
     with pytest.raises(ValueError, match="BLOCK must be a power of two in 2..512, got 12"):
-        auto._form(2, 4096, 8, 12)
+        StableTopkLauncher(overrides={"BLOCK": 12})(*_dev(torch.rand(2, 4096)), 8)  # before any launch
 
 
 @pytest.mark.parametrize("regs, warps, shared, want", [

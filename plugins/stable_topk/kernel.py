@@ -228,7 +228,7 @@ class StableTopkLauncher(LauncherBase):
         idx = torch.empty(rows, k_out, dtype=torch.int64, device=scores.device)
         warps = self._overrides.get("num_warps", 4)
         block = self._overrides.get("BLOCK", PREFILTER_BLOCK)
-        if self._form(rows, n, k_out, block) == "prefilter":
+        if self._form(n, k_out, block) == "prefilter":
             self._block_max_form(flat, k_out, vals, idx, passes, chunk, block, warps)
             return vals.view(*lead, k_out), idx.view(*lead, k_out)
         ws = self._workspace(scores.device, rows, n_prog, kp, passes)
@@ -252,7 +252,7 @@ class StableTopkLauncher(LauncherBase):
             RANK_BLOCK=rank_block, CMP_BLOCK=cmp_block, **common)
         return vals.view(*lead, k_out), idx.view(*lead, k_out)
 
-    def _form(self, rows: int, n: int, k_out: int, block: int) -> str:
+    def _form(self, n: int, k_out: int, block: int) -> str:
         """"radix" or "prefilter" (prefilter.py), the override FORM if given. The block-max form
         needs at least k maxima; by default it serves rows of at least 4k blocks: with fewer, most
         entries can lie above the k-th maximum, and the rank compares all of them with each other.
