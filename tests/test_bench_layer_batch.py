@@ -75,6 +75,11 @@ def test_sweep_settings_spell_out_the_launches(bench):
                         "chunk 2048 warps 4 no skip": {"CHUNK": 2048, "num_warps": 4, "SKIP_IDLE": False},
                         "chunk 2048 warps 8": {"CHUNK": 2048, "num_warps": 8, "SKIP_IDLE": True},
                         "digits 4-4-8-8-8": {"DIGITS": (4, 4, 8, 8, 8)}}
+    # --topk-blocks: the radix form against the block-max form at each block size
+    assert bench.topk_settings([], [], [8, 32]) == {
+        "radix form": {"FORM": "radix"},
+        "block-max form, blocks of 8": {"FORM": "prefilter", "BLOCK": 8},
+        "block-max form, blocks of 32": {"FORM": "prefilter", "BLOCK": 32}}
     assert bench.parse_attn_configs("16:32:4:3,64:16:8:2:5") == [
         {"BLOCK_H": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3},
         {"BLOCK_H": 64, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2, "n_split": 5}]

@@ -702,7 +702,7 @@ def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block):
 def test_stable_topk_picks_its_form_by_blocks():
     """The block-max form serves rows of at least 4k blocks (a Full layer's 128K entries, one row
     or many); rows of fewer blocks (a listed pool of 16K) take the radix form; a forced form it
-    cannot serve (fewer than k blocks) falls back; a bad FORM or BLOCK is refused, naming it."""
+    cannot serve (fewer than k blocks) falls back; a bad FORM, BLOCK or CHUNK is refused, naming it."""
     from dsflash.plugins.stable_topk.kernel import PREFILTER_BLOCK, StableTopkLauncher
 
     auto, forced = StableTopkLauncher(), StableTopkLauncher(overrides={"FORM": "prefilter"})
@@ -711,6 +711,8 @@ def test_stable_topk_picks_its_form_by_blocks():
     assert forced._form(4096, 512, 8) == "prefilter" and forced._form(4000, 512, 8) == "radix"
     with pytest.raises(ValueError, match="FORM must be 'radix' or 'prefilter', got 'sort'"):
         StableTopkLauncher(overrides={"FORM": "sort"})._form(4096, 8, 8)
+    with pytest.raises(ValueError, match="CHUNK must be a power of two of at least 16, got 100"):
+        StableTopkLauncher(overrides={"CHUNK": 100})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="BLOCK must be a power of two in 2..512, got 12"):
         StableTopkLauncher(overrides={"BLOCK": 12})(*_dev(torch.rand(2, 4096)), 8)  # before any launch
 

@@ -221,6 +221,8 @@ class StableTopkLauncher(LauncherBase):
         # 512 / 1K / 2K before the rank pass); they grow for very long rows, so a row has at most
         # MAX_PROGRAMS, and for many rows (batch_chunk)
         chunk = self._overrides.get("CHUNK") or batch_chunk(rows, n)
+        require(chunk >= 16 and chunk & (chunk - 1) == 0,
+                f"StableTopk: CHUNK must be a power of two of at least 16, got {chunk}")
         chunk = max(chunk, next_pow2(cdiv(n, self.MAX_PROGRAMS)))
         n_prog = cdiv(n, chunk)
         flat = scores.contiguous().view(rows, n)
