@@ -12,7 +12,7 @@ Every rounding is a round-half-to-even at the value's step in its float format (
 exact exponents and powers of two (floor_log2, plugins/dtypes.py:exact_pow2): frexp and bit
 patterns eagerly; while exporting, operations that standard ONNX has (it has no frexp, bitcast,
 bucketize or Log2), which run in ONNX Runtime bit for bit as the eager ones (kv_qat models
-export like any other). No step builds a constant tensor, so the round-trips run inside
+export like any other). No eager step builds a constant tensor, so the round-trips run inside
 CUDA-graph capture. tests/test_quant.py checks each against torch's frexp and float8 cast.
 """
 

@@ -22,12 +22,12 @@ E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 def exact_pow2(e: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     """2^e in fp32 for integer e in [lo, hi] (within [-149, 128]; 128 gives inf), exactly.
 
-    Eagerly (and under torch.compile): the fp32 bit pattern, 3-4 kernels. While exporting to ONNX,
-    which has no bitcast: 2^lo times a power-of-two factor per set bit of e - lo (products of
-    powers of two are exact). Neither is a gather from a table, whose constant would be a
-    host-to-device copy per call (CUDA-graph capture refuses it), nor Pow/Exp, whose results
-    some runtimes round. tests/test_quant.py checks the first against ldexp, and the exported
-    graph against the eager values bit for bit."""
+    Eagerly (and under torch.compile): the fp32 bit pattern, 3-4 kernels; no table, whose
+    constant would be a host-to-device copy per call (CUDA-graph capture refuses it). While
+    exporting to ONNX, which has no bitcast: a Gather from a table of the exact powers (an
+    initializer of hi - lo + 1 floats; the runtime holds it on the device), not Pow/Exp, whose
+    results some runtimes round. tests/test_quant.py checks the first against ldexp, and the
+    exported graph against the eager values bit for bit."""
     if not torch.compiler.is_exporting():
         e = e.to(torch.int32)
         normal = ((e + 127).clamp(1, 255) << 23).view(torch.float32)  # exponent field e + 127
@@ -35,18 +35,17 @@ def exact_pow2(e: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
             return normal
         low = ((e + 191).clamp(1, 254) << 23).view(torch.float32) * 2.0**-64  # subnormal results
         return torch.where(e >= -126, normal, low)
-    k = (e - lo).float()
-    out = torch.full_like(k, 2.0**lo)
-    for bit in range((hi - lo).bit_length()):
-        is_set = (torch.floor(k * 2.0**-bit) - 2 * torch.floor(k * 2.0 ** -(bit + 1))) > 0
-        for factor in _split_power(2**bit):
-            out = torch.where(is_set, out * factor, out)
-    return out
+    # one Gather from the exact powers (an initializer of hi - lo + 1 values): a product per set
+    # bit of e - lo (the form before, 7 nodes per bit) made a tiny kv_qat decode step 19K nodes
+    # (embedding: a plain Gather on axis 0; indexing exports as GatherND with transposes)
+    table = torch.tensor([[_fp32_pow2(i)] for i in range(lo, hi + 1)], dtype=torch.float32, device=e.device)
+    return torch.nn.functional.embedding((e.long() - lo).clamp(0, hi - lo), table).squeeze(-1)
 
 
-def _split_power(exponent: int) -> tuple[float, ...]:
-    """2^exponent as factors that fp32 holds (2^128 does not): (2^64, 2^64) for 128."""
-    return (2.0**exponent,) if exponent < 128 else (2.0**64,) * (exponent // 64)
+def _fp32_pow2(exponent: int) -> float:
+    """2^exponent as fp32 holds it: inf from 128 (Python's float holds 2^128; its fp32 cast is
+    inf by the rounding rule, made explicit here)."""
+    return 2.0**exponent if exponent < 128 else float("inf")
 
 
 def e2m1_magnitude(code: torch.Tensor) -> torch.Tensor:
@@ -61,7 +60,7 @@ def e2m1_magnitude(code: torch.Tensor) -> torch.Tensor:
 def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
     """FP4 codes two per byte (low nibble first, bit 3 the sign) [..., C] -> their e2m1 grid
     values [..., 2C] in fp32. Arithmetic on int64 rather than bit operations on uint8 (which ONNX
-    export mistypes) and no constant tensors (the reasons of exact_pow2)."""
+    export mistypes) and no constant tensors (the reasons of exact_pow2's eager form)."""
     byte = codes.long()
     nib = torch.stack([byte % 16, byte // 16], dim=-1).flatten(-2)
     mag = e2m1_magnitude(nib)

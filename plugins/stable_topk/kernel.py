@@ -94,7 +94,7 @@ def radix_digit_pass_kernel(scores_ptr, N, k, hist, state, counter, prog_hist,
     the k best still to find among those in play), written by the row's first program for the
     launches after. counter is unused here (one signature for every launch of the op)."""
     wait_for_earlier_grids(PDL)
-    row, p, n_prog, n, ok, key = chunk_keys(scores_ptr, N, CHUNK)
+    row, p, n_prog, _n, ok, key = chunk_keys(scores_ptr, N, CHUNK)
     if PASS == 0:
         prefix = tl.zeros([], dtype=tl.int64)
         k_rem = prefix + k  # (k may arrive as a constant: Triton specialises 1)
