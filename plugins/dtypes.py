@@ -28,6 +28,8 @@ def exact_pow2(e: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     initializer of hi - lo + 1 floats; the runtime holds it on the device), not Pow/Exp, whose
     results some runtimes round. tests/test_quant.py checks the first against ldexp, and the
     exported graph against the eager values bit for bit."""
+    if not -149 <= lo <= hi <= 128:  # fp32 holds no other power of two (128: inf)
+        raise ValueError(f"exact_pow2: exponent range [{lo}, {hi}] must lie within [-149, 128]")
     if not torch.compiler.is_exporting():
         e = e.to(torch.int32)
         normal = ((e + 127).clamp(1, 255) << 23).view(torch.float32)  # exponent field e + 127

@@ -97,6 +97,8 @@ def test_powers_of_two_are_exact_over_the_whole_range(form):
     assert torch.equal(pow2(torch.tensor([[-9, 5]]), -9, 5), torch.tensor([[2.0**-9, 32.0]]))
     e = torch.arange(-128, 128)  # the FP4 keys' int8 exponents (unpack_keys_fp4): subnormals too
     assert torch.equal(pow2(e, -128, 127), torch.ldexp(torch.ones(256), e.int()))
+    with pytest.raises(ValueError, match=r"exponent range \[-150, 0\] must lie within \[-149, 128\]"):
+        pow2(e, -150, 0)
 
 
 def test_exponents_equal_frexp(gen, form):
