@@ -67,26 +67,28 @@ class Router(nn.Module):
 class MoE(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        e, limit = cfg.hidden_size, cfg.swiglu_limit
+        e, self.limit = cfg.hidden_size, cfg.swiglu_limit
+        limit = self.limit
         self.dense = cfg.n_routed_experts == 0
         if self.dense:
             inter = cfg.intermediate_size
             self.w1 = nn.Linear(e, inter, bias=False)
             self.w2 = nn.Linear(inter, e, bias=False)
             self.w3 = nn.Linear(e, inter, bias=False)
-            self.limit = limit
             return
+        self.n_routed = cfg.n_routed_experts
         self.gate = Router(cfg)
         self.experts = nn.ModuleList(
             Expert(e, cfg.moe_intermediate_size, limit) for _ in range(cfg.n_routed_experts))
         self.shared_experts = (Expert(e, cfg.moe_intermediate_size * cfg.n_shared_experts, limit)
                                if cfg.n_shared_experts else None)
         self._stacked: dict[str, torch.Tensor] = {}
-        # set by the ONNX export (export_form below): the graph takes the parameters, stacked
-        # in the graph, and one MatMul over [E*I, H]; a runtime trace (torch.compile) reads the
-        # stack where it is. An explicit flag: keyed on torch.compiler.is_exporting(), torch
-        # 2.11's torch.compile trace took the export branch (H200, 2026-12-04: inductor's output
-        # code stacked all 32 experts' w1, w2, w3 on every step, 1.3 of its 4.0 ms)
+        # set by the ONNX export (export_form below): the graph takes each stack as one parameter
+        # (routed_w1 / routed_w3 / routed_w2) and one MatMul over [E*I, H]; a runtime trace
+        # (torch.compile) reads the stack where it is. An explicit flag: keyed on
+        # torch.compiler.is_exporting(), torch 2.11's torch.compile trace took the export branch
+        # (H200, 2026-12-04: inductor's output code stacked all 32 experts' w1, w2, w3 on every
+        # step, 1.3 of its 4.0 ms)
         self.for_export = False
         self.stack_experts()
 
@@ -121,11 +123,12 @@ class MoE(nn.Module):
         stacked, a fresh stack otherwise (a parameter replaced by assignment)."""
         out = []
         for name in ("w1", "w3", "w2"):
+            if self.for_export:
+                out.append(getattr(self, f"routed_{name}"))  # export_form's stacked parameters
+                continue
             params = [getattr(e, name).weight for e in self.experts]
             stacked = self._stacked.get(name)
-            if self.for_export:
-                stacked = torch.stack(params)  # export traces the parameters, not the storage
-            elif torch.compiler.is_compiling():
+            if torch.compiler.is_compiling():
                 pass  # a trace cannot read addresses: the caller stacked them (stack_experts)
             elif stacked is None or not all(_is_row(p, stacked, i) for i, p in enumerate(params)):
                 stacked = torch.stack(params)
@@ -142,7 +145,8 @@ class MoE(nn.Module):
         # the per-expert loop sizes its batches on the host (nonzero): neither export nor a CUDA
         # graph capture nor a compile trace can take that, so they use the dense dispatch, or the
         # one-row form (same maths)
-        if torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        if self.for_export or torch.compiler.is_compiling() or capturing:
             # one row (a decode step of one sequence): its k experts are known without a host
             # sync, so read only those; a symbolic batch is >= 2 in a trace, so this adds no guard
             one_row = x.shape[0] == 1 and not self.for_export
@@ -159,14 +163,13 @@ class MoE(nn.Module):
         """Graph-capture form (export, compile): no data-dependent shapes, so every expert runs on
         every row, batched, with routing weight 0 where not selected. 0 * h is exactly 0, so this
         equals the gathered form up to summation order."""
-        dense_w = torch.zeros(x_TE.shape[0], len(self.experts), device=x_TE.device).scatter(1, idx, w)
+        dense_w = torch.zeros(x_TE.shape[0], self.n_routed, device=x_TE.device).scatter(1, idx, w)
         w1, w3, w2 = self.stacked_weights()  # [E, I, H], [E, I, H], [E, H, I]
         # MatMuls, not einsum: ONNX's Einsum has no bfloat16 type, so a bf16 graph holding one
         # fails the ONNX checker (onnx/defs/math/defs.cc, Einsum's type constraint T)
         gate = f32(torch.matmul(x_TE, w1.transpose(1, 2))).transpose(0, 1)  # [E,T,I] -> [T,E,I]
         up = f32(torch.matmul(x_TE, w3.transpose(1, 2))).transpose(0, 1)
-        limit = self.experts[0].limit
-        h = clamp_silu_mul(gate, up, limit) * dense_w.unsqueeze(-1)
+        h = clamp_silu_mul(gate, up, self.limit) * dense_w.unsqueeze(-1)
         h = cast(h, x_TE.dtype)
         if self.for_export:
             # export: one MatMul over [E*I, H] (the weights are initializers, folded at load)
@@ -183,10 +186,9 @@ class MoE(nn.Module):
         loop, summed over the k in fp32. The dense form reads all E experts at any batch."""
         w1, w3, w2 = self.stacked_weights()
         sel = idx_1K[0]
-        limit = self.experts[0].limit
         gate = f32(torch.matmul(x_1E, w1[sel].transpose(1, 2)))  # [k, 1, I]
         up = f32(torch.matmul(x_1E, w3[sel].transpose(1, 2)))
-        h = clamp_silu_mul(gate, up, limit) * w_1K[0].view(-1, 1, 1)
+        h = clamp_silu_mul(gate, up, self.limit) * w_1K[0].view(-1, 1, 1)
         out = f32(torch.matmul(cast(h, x_1E.dtype), w2[sel].transpose(1, 2)))  # [k, 1, H]
         return out.sum(0)
 
@@ -203,14 +205,40 @@ def _is_row(p: torch.Tensor, stacked: torch.Tensor, i: int) -> bool:
             and p.data_ptr() == row.data_ptr() and p.stride() == row.stride())
 
 
+ROUTED_STACKS = ("w1", "w3", "w2")  # exported as `<moe>.routed_<w>`, [E, I, H] / [E, H, I]
+
+
 @contextmanager
 def export_form(model: nn.Module):
-    """Within: every MoE of `model` traces its export form (MoE.for_export)."""
+    """Within: every routed MoE of `model` traces its export form (MoE.for_export) and holds its
+    experts' weights as three stacked parameters, `routed_w1` / `routed_w3` [E, I, H] and
+    `routed_w2` [E, H, I] (the experts' own storage, no copy), with the per-expert modules taken
+    out. Why: torch.export lifts every parameter of the module, used or not, and its decomposition
+    step looks each one up in a list of all of them (torch 2.13, torch/_export/utils.py
+    `_populate_param_buffer_metadata_to_new_gm`), quadratic in the count: the `flash` decode
+    step's 46,080 expert weights did not export within an hour on a 2-core machine. The graph
+    also reads one initializer per stack instead of a Concat of E."""
     moes = [m for m in model.modules() if isinstance(m, MoE) and not m.dense]
-    for m in moes:
-        m.for_export = True
+    saved = [list(m._modules.items()) for m in moes]
     try:
+        for m in moes:
+            for name, stack in zip(ROUTED_STACKS, m.stacked_weights()):
+                m.register_parameter(f"routed_{name}", nn.Parameter(stack, requires_grad=False))
+            del m._modules["experts"]
+            m.for_export = True
         yield
     finally:
-        for m in moes:
+        for m, modules in zip(moes, saved):
             m.for_export = False
+            for name in ROUTED_STACKS:
+                m._parameters.pop(f"routed_{name}", None)
+            m._modules.clear()
+            m._modules.update(modules)  # the same order: named_parameters() is unchanged
+
+
+def routed_stacks(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+    """{exported stack name (`layers.3.ffn.routed_w1`): the experts' parameters, row by row}, to
+    load an exported stack back into the reference (runtime/weights.py)."""
+    return {f"{prefix}.routed_{name}": [getattr(e, name).weight for e in m.experts]
+            for prefix, m in model.named_modules() if isinstance(m, MoE) and not m.dense
+            for name in ROUTED_STACKS}

@@ -8,6 +8,7 @@ import torch
 from dsflash.export.bundle import Bundle
 from dsflash.export.contract import GRAPHS
 from dsflash.model.model import DSFlashModel
+from dsflash.model.moe import routed_stacks
 
 
 @torch.no_grad()
@@ -17,19 +18,28 @@ def model_from_bundle(bundle: Bundle) -> DSFlashModel:
 
     model = DSFlashModel(bundle.config).eval()
     own = dict(model.named_parameters())
+    # the export holds each MoE's routed experts as stacks [E, ...] (model/moe.py export_form)
+    stacks = routed_stacks(model)
+    name_of = {id(p): name for name, p in own.items()}
     loaded: set[str] = set()
     flavor = "portable" if "portable" in bundle.flavors else bundle.flavors[0]
     for graph in GRAPHS:
         proto = onnx.load(str(bundle.graph_path(graph, flavor)), load_external_data=False)
         onnx.external_data_helper.load_external_data_for_model(proto, str(bundle.path))
         for init in proto.graph.initializer:
-            if init.name in own and init.name not in loaded:
-                value = torch.from_numpy(numpy_helper.to_array(init).copy())
-                if tuple(value.shape) != tuple(own[init.name].shape):
-                    raise ValueError(f"bundle tensor {init.name} has shape {tuple(value.shape)}, the "
-                                     f"model expects {tuple(own[init.name].shape)}")
-                own[init.name].copy_(value)
-                loaded.add(init.name)
+            if init.name in loaded or (init.name not in own and init.name not in stacks):
+                continue
+            value = torch.from_numpy(numpy_helper.to_array(init).copy())
+            stacked = init.name in stacks
+            targets = stacks[init.name] if stacked else [own[init.name]]
+            want = (len(targets), *targets[0].shape) if stacked else tuple(targets[0].shape)
+            if tuple(value.shape) != want:
+                raise ValueError(f"bundle tensor {init.name} has shape {tuple(value.shape)}, the "
+                                 f"model expects {want}")
+            for target, row in zip(targets, value if stacked else [value]):
+                target.copy_(row)
+            loaded.add(init.name)
+            loaded.update(name_of[id(t)] for t in targets)
     # Parameters no graph reads (e.g. the image-token router bias) cannot change any output.
     for name in set(own) - loaded:
         own[name].zero_()

@@ -1,5 +1,5 @@
 """The `small` preset exports (structure only: built on the meta device, weights not
-materialised; its fp32 weights would be 3.6 GB). One run of it in CI, about four minutes."""
+materialised; its fp32 weights would be 3.6 GB). One run of it in CI, about two minutes."""
 
 import onnx
 import pytest

@@ -129,10 +129,12 @@ def _traced_call_targets(module, x) -> list[str]:
 
 def test_a_runtime_trace_reads_the_expert_stack_and_export_stacks_the_parameters(tiny_cfg, gen):
     """torch.compile (the torch-compiled backend) traces the dispatch over the stored stack (for
-    one row, only the routed experts); only inside export_form (the ONNX export) does the graph
-    stack the parameters and take one MatMul over [E*I, H]. Both give the eager result. Keyed on
-    torch.compiler.is_exporting(), torch 2.11's compile trace took the export form and copied all
-    experts every step; the flag is explicit now."""
+    one row, only the routed experts); only inside export_form (the ONNX export) does the module
+    hold the stacks as three parameters instead of E experts (torch.export lifts every parameter,
+    and its decomposition is quadratic in their count) and take one MatMul over [E*I, H]. Both
+    give the eager result, and leaving export_form restores the experts' parameters, names and
+    order included. Keyed on torch.compiler.is_exporting(), torch 2.11's compile trace took the
+    export form and copied all experts every step; the flag is explicit now."""
     from dsflash.model.model import DSFlashModel
     from dsflash.model.moe import export_form
 
@@ -142,14 +144,24 @@ def test_a_runtime_trace_reads_the_expert_stack_and_export_stacks_the_parameters
     with torch.no_grad():
         want = loop_moe(moe, x[0])
         runtime = _traced_call_targets(moe, x)
+        before = [(name, p) for name, p in model.named_parameters()]
         with export_form(model):
             assert moe.for_export
             exported = _traced_call_targets(moe, x)
+            assert_close(moe(x)[0].float(), want, OP_FP32, "export form")
+            inside = dict(moe.named_parameters())
         assert not moe.for_export
+        assert [(n, id(p)) for n, p in model.named_parameters()] == [(n, id(p)) for n, p in before]
+        assert not any(n.startswith("experts.") for n in inside)
+        assert [inside[f"routed_{w}"].shape for w in ("w1", "w3", "w2")] == [
+            (len(moe.experts), *moe.experts[0].w1.weight.shape),
+            (len(moe.experts), *moe.experts[0].w3.weight.shape),
+            (len(moe.experts), *moe.experts[0].w2.weight.shape)]
+        # the stacked parameters are the experts' own storage, not a copy
+        assert inside["routed_w2"].data_ptr() == moe.experts[0].w2.weight.data_ptr()
         assert_close(torch.compile(moe, backend="eager", fullgraph=True)(x)[0].float(), want, OP_FP32,
                      "traced runtime form")
-    stacks = [t for t in exported if "stack" in t]
-    assert "stack" not in " ".join(runtime) and len(stacks) == 3, (runtime, exported)
+    assert "stack" not in " ".join(runtime + exported), (runtime, exported)
     # one row: the k routed experts only (no dense routing weights scattered over all E)
     one = x[:, :1]
     with torch.no_grad():

@@ -48,6 +48,12 @@ def test_torch_backend_from_bundle_weights(tiny_bundle, tiny_model, gen):
     ids = random_ids(gen, 1, 12, tiny_model.cfg.vocab_size)
     with torch.no_grad():
         assert torch.equal(model(ids), tiny_model(ids))
+    # every parameter, the routed experts (exported as [E, ...] stacks) row by row; only the
+    # image-token router bias is read by no graph (zeroed)
+    want = dict(tiny_model.named_parameters())
+    differ = [name for name, p in model.named_parameters() if not torch.equal(p, want[name])]
+    assert all(name.endswith("gate.bias_vl") for name in differ), differ
+    assert any(".ffn.experts.7.w2." in name for name in want)
 
 
 def test_seeded_sampling_reproducible_and_topk1_greedy(tiny_bundle, tiny_model, gen):
