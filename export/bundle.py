@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from dsflash.export.contract import GRAPHS, contract_dict, graph_inputs, graph_outputs
 from dsflash.model.config import ModelConfig
@@ -111,7 +111,7 @@ class Bundle:
     config: ModelConfig
 
     @classmethod
-    def open(cls, path: str | Path, verify: bool = True) -> "Bundle":
+    def open(cls, path: str | Path, verify: bool = True) -> Bundle:
         path = Path(path)
         mpath = path / "manifest.json"
         if not mpath.is_file():
@@ -124,6 +124,14 @@ class Bundle:
         if verify:
             bundle.verify()
         return bundle
+
+    @property
+    def dtype(self):
+        """The graphs' model dtype (torch.float32 / torch.bfloat16): their weights, activations
+        and the state the contract marks `model`."""
+        import torch
+
+        return getattr(torch, self.manifest["dtype"])
 
     @property
     def flavors(self) -> list[str]:
@@ -162,14 +170,17 @@ class Bundle:
                 raise BundleError(f"{graph} ({flavor}) does not match {what}: {diff}")
 
 
-def _export_worker(cfg_dict: dict, vocab_map, weights: str, graph: str, flavor: str) -> bytes:
-    """Export one graph in a fresh process (weights handed over as a safetensors file)."""
+def _export_worker(cfg_dict: dict, vocab_map, weights: str, dtype: str, graph: str, flavor: str) -> bytes:
+    """Export one graph in a fresh process (weights handed over as a safetensors file), in the
+    parent model's dtype: a bf16 model exports bf16 graphs from any number of workers."""
+    import torch
+
     from dsflash.export.onnx_export import export_graph
     from dsflash.model.model import DSFlashModel
     from dsflash.model.weights import load_safetensors
 
     model = DSFlashModel(ModelConfig.from_dict(cfg_dict), vocab_map=vocab_map).eval()
-    load_safetensors(model, weights)
+    load_safetensors(model.to(getattr(torch, dtype)), weights)
     return export_graph(model, graph, flavor).SerializeToString()
 
 
@@ -196,7 +207,8 @@ def _export_all(model, jobs: list[tuple[str, str]], workers: int, progress) -> d
         save_safetensors(model, weights)
         vocab = model.engram_vocab_map.cpu().numpy()
         with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-            futures = {job: pool.submit(_export_worker, model.cfg.to_dict(), vocab, weights, *job)
+            dtype = str(model.embed.weight.dtype).removeprefix("torch.")
+            futures = {job: pool.submit(_export_worker, model.cfg.to_dict(), vocab, weights, dtype, *job)
                        for job in jobs}
             protos = {}
             for job, fut in futures.items():

@@ -24,8 +24,17 @@ def ort_session(bundle: Bundle, graph: str, flavor: str, providers: list[str] | 
     opts.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                   str(bundle.path.resolve()))
     opts.log_severity_level = 3
-    session = ort.InferenceSession(proto.SerializeToString(), opts,
-                                   providers=providers or ["CPUExecutionProvider"])
+    providers = providers or ["CPUExecutionProvider"]
+    try:
+        session = ort.InferenceSession(proto.SerializeToString(), opts, providers=providers)
+    except Exception as e:  # onnxruntime raises its own NotImplemented (not Python's)
+        if bundle.manifest.get("dtype") == "bfloat16" and "NOT_IMPLEMENTED" in str(e) and not any(
+                "CUDA" in str(p) or "Tensorrt" in str(p) for p in providers):
+            raise BundleError(
+                f"{graph} ({flavor}) of {bundle.path} is bfloat16, and ONNX Runtime's CPU provider "
+                f"has no bfloat16 kernel for some of its ops ({e}); run a bf16 bundle with the "
+                "ort-cuda, trt or torch backend, or export the model in float32") from e
+        raise
     actual = {"inputs": [{"name": i.name} for i in session.get_inputs()],
               "outputs": [{"name": o.name} for o in session.get_outputs()]}
     expected = onnx_io(onnx.load(str(path), load_external_data=False))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -32,7 +32,7 @@ class Runtime:
     @classmethod
     def from_bundle(cls, path: str | Path, backend: str = "ort", slots: int = 4, capacity: int = 512,
                     tokenizer: str | Path | None = None, compile_options: Mapping | None = None
-                    ) -> "Runtime":
+                    ) -> Runtime:
         """compile_options: inductor settings for torch-compiled (e.g. engine.TUNED_COMPILE)."""
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; backends: {BACKENDS}")
@@ -48,7 +48,7 @@ class Runtime:
             model = model_from_bundle(bundle).to(device)
         engines = make_engines(backend, bundle=bundle, model=model, compile_options=compile_options)
         tok = HFTokenizer(tokenizer) if tokenizer else ByteTokenizer(bundle.config.vocab_size)
-        cache = CacheManager(bundle.config, slots, capacity, device=device)
+        cache = CacheManager(bundle.config, slots, capacity, device=device, dtype=bundle.dtype)
         return cls(Generator(engines, cache, tok), backend)
 
     def warm_up(self, batch_sizes=None, prompt_lengths=(), prefill_mode: str = "replay") -> dict[str, float]:

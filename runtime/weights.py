@@ -14,9 +14,8 @@ from dsflash.model.moe import routed_stacks
 @torch.no_grad()
 def model_from_bundle(bundle: Bundle) -> DSFlashModel:
     import onnx
-    from onnx import numpy_helper
 
-    model = DSFlashModel(bundle.config).eval()
+    model = DSFlashModel(bundle.config).eval().to(bundle.dtype)
     own = dict(model.named_parameters())
     # the export holds each MoE's routed experts as stacks [E, ...] (model/moe.py export_form)
     stacks = routed_stacks(model)
@@ -29,7 +28,7 @@ def model_from_bundle(bundle: Bundle) -> DSFlashModel:
         for init in proto.graph.initializer:
             if init.name in loaded or (init.name not in own and init.name not in stacks):
                 continue
-            value = torch.from_numpy(numpy_helper.to_array(init).copy())
+            value = _tensor(init)
             stacked = init.name in stacks
             targets = stacks[init.name] if stacked else [own[init.name]]
             want = (len(targets), *targets[0].shape) if stacked else tuple(targets[0].shape)
@@ -44,3 +43,15 @@ def model_from_bundle(bundle: Bundle) -> DSFlashModel:
     for name in set(own) - loaded:
         own[name].zero_()
     return model
+
+
+def _tensor(init) -> torch.Tensor:
+    """An initializer as a torch tensor; numpy has no bfloat16 (onnx hands ml_dtypes' type,
+    which torch.from_numpy refuses), so bf16 goes over its 16-bit patterns."""
+    import numpy as np
+    from onnx import TensorProto, numpy_helper
+
+    array = numpy_helper.to_array(init)
+    if init.data_type == TensorProto.BFLOAT16:
+        return torch.from_numpy(array.view(np.uint16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(array.copy())

@@ -17,6 +17,8 @@ import argparse
 import logging
 import time
 
+import torch
+
 from dsflash.export.bundle import write_bundle
 from dsflash.export.contract import GRAPHS
 from dsflash.export.structure import StructureReport, write_structures
@@ -39,6 +41,9 @@ def main() -> None:
     ap.add_argument("--flavor", default="both", choices=["plugin", "portable", "both"])
     ap.add_argument("--checkpoint", help="safetensors weights (default: seeded random weights)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the graphs' weights, activations and model-dtype state (bfloat16 bundles "
+                         "run on ort-cuda, trt or torch; ONNX Runtime's CPU provider lacks bf16 kernels)")
     ap.add_argument("--workers", type=int, default=2, help="export processes (one graph each)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
@@ -56,6 +61,7 @@ def main() -> None:
         load_safetensors(model, args.checkpoint)
     else:
         model.init_weights(args.seed)
+    model = model.to(getattr(torch, args.dtype))
     t0 = time.time()
     steps = iter(range(1, 2 * len(flavors) + 1))
     bundle = write_bundle(model, args.out, args.config, flavors, workers=args.workers,
