@@ -36,8 +36,8 @@ MAX_FLIP_STEP_FRACTION = 4
 @dataclass(eq=False)
 class Step:
     graph: str
-    feeds: "OrderedDict[str, np.ndarray]"
-    outputs: "OrderedDict[str, np.ndarray]"
+    feeds: OrderedDict[str, np.ndarray]
+    outputs: OrderedDict[str, np.ndarray]
 
 
 @dataclass

@@ -11,10 +11,10 @@ import json
 import logging
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from collections.abc import Callable
 
 from dsflash.export.contract import GRAPHS, contract_dict, graph_inputs, graph_outputs
 from dsflash.model.config import ModelConfig

@@ -124,7 +124,7 @@ class ModelCache:
 
     @classmethod
     def allocate(cls, cfg: ModelConfig, batch: int, capacity: int, device="cpu",
-                 dtype: torch.dtype = torch.float32) -> "ModelCache":
+                 dtype: torch.dtype = torch.float32) -> ModelCache:
         if batch <= 0:
             raise ValueError(f"batch={batch} must be > 0")
         if not 0 < capacity <= cfg.max_position_embeddings:

@@ -89,18 +89,18 @@ class ModelConfig:
         validate_config(self)
 
     @classmethod
-    def preset(cls, name: str) -> "ModelConfig":
+    def preset(cls, name: str) -> ModelConfig:
         from dsflash.model.presets import PRESETS
 
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
         return cls(**PRESETS[name])
 
-    def replace(self, **changes: Any) -> "ModelConfig":
+    def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         """Accept our own layout or the released one (text fields nested under `text_config`)."""
         flat = dict(data.get("text_config", {}))
         flat.update({k: v for k, v in data.items() if k != "text_config" and k not in flat})
@@ -115,7 +115,7 @@ class ModelConfig:
         return cls(**kwargs)
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "ModelConfig":
+    def from_json(cls, path: str | Path) -> ModelConfig:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def to_dict(self) -> dict[str, Any]:

@@ -11,14 +11,14 @@ if TYPE_CHECKING:
     from dsflash.model.config import ModelConfig
 
 
-def _positive(cfg: "ModelConfig", *names: str) -> None:
+def _positive(cfg: ModelConfig, *names: str) -> None:
     for name in names:
         value = getattr(cfg, name)
         if value <= 0:
             raise ValueError(f"{name}={value} must be > 0")
 
 
-def validate_config(cfg: "ModelConfig") -> None:
+def validate_config(cfg: ModelConfig) -> None:
     _positive(cfg, "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
               "q_lora_rank", "o_groups", "o_lora_rank", "sliding_window", "index_n_heads",
               "index_head_dim", "index_topk", "hc_mult", "hc_sinkhorn_iters",
@@ -51,7 +51,7 @@ def validate_config(cfg: "ModelConfig") -> None:
                          "(only 'yarn')")
 
 
-def _check_qat(cfg: "ModelConfig") -> None:
+def _check_qat(cfg: ModelConfig) -> None:
     """kv_qat quantises whole blocks (model/quant.py): window KV in FP8 blocks of 32 channels,
     compressed KV in FP4 blocks of 16, index queries and keys in FP4 blocks of 32."""
     if not cfg.kv_qat:
@@ -63,7 +63,7 @@ def _check_qat(cfg: "ModelConfig") -> None:
                              f"quantisation block)")
 
 
-def _check_layer_ids(cfg: "ModelConfig", name: str) -> tuple[int, ...]:
+def _check_layer_ids(cfg: ModelConfig, name: str) -> tuple[int, ...]:
     ids = getattr(cfg, name)
     for i in ids:
         if not 0 <= i < cfg.num_hidden_layers:
@@ -73,7 +73,7 @@ def _check_layer_ids(cfg: "ModelConfig", name: str) -> tuple[int, ...]:
     return ids
 
 
-def _check_sources(cfg: "ModelConfig") -> None:
+def _check_sources(cfg: ModelConfig) -> None:
     kv = _check_layer_ids(cfg, "kv_source_layer_ids")
     idx = _check_layer_ids(cfg, "index_source_layer_ids")
     d = cfg.first_decoder_layer
@@ -105,7 +105,7 @@ def _check_sources(cfg: "ModelConfig") -> None:
             raise ValueError(f"layer {layer} (ratio {m}) has no index source at or before it")
 
 
-def _check_engram(cfg: "ModelConfig") -> None:
+def _check_engram(cfg: ModelConfig) -> None:
     ids = _check_layer_ids(cfg, "engram_layer_ids")
     if not ids:
         return
@@ -127,7 +127,7 @@ def _check_engram(cfg: "ModelConfig") -> None:
         raise ValueError(f"engram_num_embeddings has {len(rows)} entries for {len(ids)} Engram layers")
 
 
-def _check_moe(cfg: "ModelConfig") -> None:
+def _check_moe(cfg: ModelConfig) -> None:
     if cfg.n_routed_experts < 0:
         raise ValueError(f"n_routed_experts={cfg.n_routed_experts} must be >= 0")
     if cfg.n_routed_experts == 0:

@@ -71,7 +71,7 @@ class DSFlashModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
-    def init_weights(self, seed: int = 0) -> "DSFlashModel":
+    def init_weights(self, seed: int = 0) -> DSFlashModel:
         init_weights(self, seed)
         return self
 

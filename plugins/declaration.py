@@ -5,8 +5,8 @@ TensorRT registration (trt.py) and the Triton kernels read the same declaration.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -10,9 +10,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from collections.abc import Iterator
 
 import torch
 

@@ -15,8 +15,8 @@ import itertools
 import logging
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 

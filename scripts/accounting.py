@@ -21,6 +21,8 @@ from dsflash.model.accounting import (
 from dsflash.model.config import ModelConfig
 from dsflash.model.model import DSFlashModel
 
+log = logging.getLogger("accounting")
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -31,11 +33,11 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cfg = ModelConfig.preset(args.config)
     t0 = time.perf_counter()
-    logging.info("building %s on the meta device ...", args.config)
+    log.info("building %s on the meta device ...", args.config)
     with torch.device("meta"):
         model = DSFlashModel(cfg)
     counts = count_parameters(model, cfg)
-    logging.info("built in %.1f s", time.perf_counter() - t0)
+    log.info("built in %.1f s", time.perf_counter() - t0)
     print(f"config {args.config}: {cfg.num_hidden_layers} layers, first decoder layer "
           f"{cfg.first_decoder_layer}")
     print(f"parameters   backbone {counts.backbone:,} ({counts.backbone / 1e9:.2f} B)")

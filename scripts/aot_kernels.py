@@ -14,6 +14,8 @@ import time
 
 import torch
 
+log = logging.getLogger("aot_kernels")
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -33,9 +35,9 @@ def main() -> None:
     kernels = plugin_kernels(ModelConfig.preset(args.config), DTYPES[args.dtype])
     path = write_plugin_kernels(kernels, args.out)
     for name, (k, _) in kernels.items():
-        logging.info("%-28s %-32s warps %d  shared %6d B  params %d", name, k.name, k.num_warps,
-                     k.shared_mem, k.params)
-    logging.info("%d kernels in %.1f s -> %s", len(kernels), time.perf_counter() - start, path)
+        log.info("%-28s %-32s warps %d  shared %6d B  params %d", name, k.name, k.num_warps,
+                 k.shared_mem, k.params)
+    log.info("%d kernels in %.1f s -> %s", len(kernels), time.perf_counter() - start, path)
 
 
 if __name__ == "__main__":

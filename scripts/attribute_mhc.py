@@ -27,6 +27,8 @@ import torch
 from dsflash.plugins.mhc_boundary import finish as mhc_finish
 from dsflash.plugins.mhc_boundary import kernel as mhc_kernel
 
+log = logging.getLogger("attribute_mhc")
+
 _DOT = 'acc += tl.dot(nf, tl.trans(fn_k), input_precision="tf32")'
 _NORM = "normalise_rows(sumsq_x, t64, tmask, x_ptr, nw_ptr, E, RMS_EPS, NORM_E)"
 _NEW_STORE = "tl.store(new_ptr + (t64[:, None] * C + k) * E + e[None, :], new_k, mask=m2)"
@@ -136,15 +138,15 @@ def main() -> None:
             try:
                 got = launcher(*inputs, n_split=n_split)
             except Exception as err:  # noqa: BLE001 (a variant that fails to compile: say so, time the rest)
-                logging.warning("%s: %s", name, str(err).splitlines()[:3])
+                log.warning("%s: %s", name, str(err).splitlines()[:3])
                 continue
             if name == "unchanged copy" and not all(torch.equal(g, w) for g, w in zip(got, want)):
                 raise SystemExit("the unchanged copy differs from the installed kernel")
             same = bench._close(got, want, 2e-2)  # False for the variants that drop work
             res[name] = 1e3 * bench.time_ms(lambda f=launcher, n=n_split: f(*inputs, n_split=n))
-            logging.info("%-60s %8.1f us%s", name, res[name], "" if same else "  (result differs)")
+            log.info("%-60s %8.1f us%s", name, res[name], "" if same else "  (result differs)")
     for name, us in res.items():
-        logging.info("%-60s %8.1f us  (%.2fx the installed kernel)", name, us, us / res["installed kernel"])
+        log.info("%-60s %8.1f us  (%.2fx the installed kernel)", name, us, us / res["installed kernel"])
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"attribute_mhc_{args.tokens}.json").write_text(json.dumps(res, indent=1))

@@ -57,6 +57,8 @@ from dsflash.plugins.mhc_boundary import trt as mhc_trt
 from dsflash.plugins.mhc_boundary import trt_split as mhc_split_trt
 from dsflash.plugins.ptx_launch import PtxKernel
 
+log = logging.getLogger("bench_aot")
+
 
 def single_runner(stack: contextlib.ExitStack, launch: AotLaunch, inputs: list, outs: list):
     kernel = stack.enter_context(PtxKernel(launch))
@@ -137,7 +139,7 @@ def compare(case: str, jit, variants: dict, inputs: list, outputs, rel: float) -
     for label, launch in variants.items():
         res[f"{label}_us"] = float("nan")
         if isinstance(launch, Exception):
-            logging.info("%s %s: does not compile: %s", case, label, str(launch).splitlines()[0][:100])
+            log.info("%s %s: does not compile: %s", case, label, str(launch).splitlines()[0][:100])
             continue
         outs = outputs()
         with contextlib.ExitStack() as stack:
@@ -145,16 +147,16 @@ def compare(case: str, jit, variants: dict, inputs: list, outputs, rel: float) -
                 run = (launch.runner(stack, inputs, outs) if isinstance(launch, (SplitForm, MhcSplitForm))
                        else single_runner(stack, launch, inputs, outs))
             except (ValueError, RuntimeError) as exc:  # more shared memory than a block gets, say
-                logging.info("%s %s: does not load: %s", case, label, exc)
+                log.info("%s %s: does not load: %s", case, label, exc)
                 continue
             run()
             torch.cuda.synchronize()
             if not _close(outs, want, rel):
-                logging.warning("%s %s: WRONG result, not timed", case, label)
+                log.warning("%s %s: WRONG result, not timed", case, label)
                 continue
             res[f"{label}_us"] = 1e3 * time_ms(run, graph=True)
         res[f"{label}_shared"] = launch.kernel.shared_mem
-        logging.info("%s %s: %.1f us (JIT %.1f us)", case, label, res[f"{label}_us"], res["jit_us"])
+        log.info("%s %s: %.1f us (JIT %.1f us)", case, label, res[f"{label}_us"], res["jit_us"])
     return res
 
 
@@ -257,7 +259,7 @@ def mhc_case(tokens: int, gen, settings: dict | None = None) -> dict:
         if _close(jit_split(), launcher(*args, *attrs), 1e-2):
             res["jit_split_form_us"] = 1e3 * time_ms(jit_split, graph=True)
         else:
-            logging.warning("mhc tokens=%d: the JIT split form's result differs, not timed", tokens)
+            log.warning("mhc tokens=%d: the JIT split form's result differs, not timed", tokens)
     return res
 
 
@@ -325,8 +327,8 @@ def main() -> None:
             timed = [(v, k[:-3]) for k, v in r.items()
                      if k.endswith("_us") and k != "jit_us" and not math.isnan(v)]
             best = sorted(timed)[:4]
-            logging.info("sweep best %s (JIT %.1f us): %s", case, r["jit_us"],
-                         "; ".join(f"{v:.1f} us {k}" for v, k in best))
+            log.info("sweep best %s (JIT %.1f us): %s", case, r["jit_us"],
+                     "; ".join(f"{v:.1f} us {k}" for v, k in best))
 
 
 if __name__ == "__main__":

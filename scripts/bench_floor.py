@@ -30,6 +30,8 @@ import triton.testing
 
 from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
 
+log = logging.getLogger("bench_floor")
+
 PROGRAMS, ROW = 80, 512  # the decode attention's split grid; a 512-dim bf16 row (1 KB)
 CHAIN = 8  # dependent launches in a Full decode layer
 
@@ -102,11 +104,11 @@ def main() -> None:
     res = measure()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "floor.json").write_text(json.dumps(res, indent=1))
-    logging.info("launch floor (%s, graph replay, median): empty kernel %.2f us | index -> gather -> store "
-                 "%.2f us | the same chain twice %.2f us", res["gpu"], res["empty_us"],
-                 res["gather_chain_us"], res["gather_chain_twice_us"])
-    logging.info("%d dependent launches: plain %.2f us, with PDL %.2f us (PDL on this GPU: %s)", CHAIN,
-                 res[f"chain{CHAIN}_plain_us"], res[f"chain{CHAIN}_pdl_us"], res["pdl_available"])
+    log.info("launch floor (%s, graph replay, median): empty kernel %.2f us | index -> gather -> store "
+             "%.2f us | the same chain twice %.2f us", res["gpu"], res["empty_us"],
+             res["gather_chain_us"], res["gather_chain_twice_us"])
+    log.info("%d dependent launches: plain %.2f us, with PDL %.2f us (PDL on this GPU: %s)", CHAIN,
+             res[f"chain{CHAIN}_plain_us"], res[f"chain{CHAIN}_pdl_us"], res["pdl_available"])
 
 
 if __name__ == "__main__":

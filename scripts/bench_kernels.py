@@ -36,6 +36,8 @@ from dsflash.plugins.mhc_boundary import reference as mhc_ref
 from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
+log = logging.getLogger("bench_kernels")
+
 BF16 = torch.bfloat16
 # the released sizes (model/config.py defaults)
 HEADS, HEAD_DIM, TOPK, WINDOW = 64, 512, 512, 128
@@ -172,18 +174,18 @@ def csa2_layer(kind: str, ctx: int, gen) -> dict:
     if entries is not None:
         out["layer_mask_us"] = 1e3 * time_ms(lambda: layer(listed=False), graph=True)
         if not torch.equal(layer(), layer(listed=False)):
-            logging.warning("the listed Reindex layer differs from the mask form (%d entries)", n)
+            log.warning("the listed Reindex layer differs from the mask form (%d entries)", n)
     def plain_layer():
         return layer(topk_plain, attn_plain, plain)
 
     if not torch.equal(layer(), plain_layer()):
-        logging.warning("the layer with PDL differs from the one without (%s, %d entries)", kind, n)
+        log.warning("the layer with PDL differs from the one without (%s, %d entries)", kind, n)
     out["layer_plain_us"] = 1e3 * time_ms(plain_layer, graph=True)
     if kind != "reuse":
         out["layer_sort_us"] = 1e3 * time_ms(lambda: layer(stable_topk_reference), graph=True)
         scores = index_kernel.csa2_index_score(iq, iw, ik, visible)
         if not torch.equal(topk_kernel(scores, TOPK)[1], stable_topk_reference(scores, TOPK)[1]):
-            logging.warning("top-k kernel differs from the stable sort (%s, %d entries)", kind, n)
+            log.warning("top-k kernel differs from the stable sort (%s, %d entries)", kind, n)
         out["index_us"] = 1e3 * time_ms(lambda: index_kernel.csa2_index_score(iq, iw, ik, visible), graph=True)
         if entries is not None:  # the listed pool's index kernel (the mask form's is index_us)
             out["index_listed_us"] = 1e3 * time_ms(lambda: csa2_index_score_pooled(iq, iw, ik, entries),
@@ -272,13 +274,13 @@ def _sweep_one(res: dict, label: str, make, call, want, rel: float, graph: bool)
         got = call(f)
         got = got if isinstance(got, (tuple, list)) else (got,)
         if not _close(got, want, rel):
-            logging.warning("sweep %s: WRONG result, not timed", label)
+            log.warning("sweep %s: WRONG result, not timed", label)
             res[label] = float("nan")
             return
         res[label] = 1e3 * time_ms(lambda: call(f), graph=graph)
-        logging.info("sweep %s: %.1f us", label, res[label])
+        log.info("sweep %s: %.1f us", label, res[label])
     except Exception as exc:  # a setting that does not fit (shared memory, registers)
-        logging.info("sweep %s: %s", label, str(exc).splitlines()[0][:100])
+        log.info("sweep %s: %s", label, str(exc).splitlines()[0][:100])
 
 
 SWEEPS = ("attn", "topk", "index", "fp4", "mhc")
@@ -401,12 +403,12 @@ def _sweep_mhc(res: dict, gen) -> None:
             f = mhc_kernel.MhcBoundaryLauncher()
             label = "mhc tokens=8192 default, fn in fp16 (diagnostic: half the fn bytes)"
             res[label] = 1e3 * time_ms(lambda: f(*half))
-            logging.info("sweep %s: %.1f us", label, res[label])
+            log.info("sweep %s: %.1f us", label, res[label])
         if tokens == 1:  # what the Sinkhorn epilogue costs: the same launch with one iteration
             one = args[:-3] + [1, 1e-6, 1e-6]
             f = mhc_kernel.MhcBoundaryLauncher()
             res["mhc tokens=1 sinkhorn iters=1 (diagnostic)"] = 1e3 * time_ms(lambda: f(*one), graph=True)
-            logging.info("sweep mhc tokens=1 sinkhorn iters=1: %.1f us", res["mhc tokens=1 sinkhorn iters=1 (diagnostic)"])
+            log.info("sweep mhc tokens=1 sinkhorn iters=1: %.1f us", res["mhc tokens=1 sinkhorn iters=1 (diagnostic)"])
 
 
 def plot(results: dict, path: Path) -> None:
@@ -490,7 +492,7 @@ def main() -> None:
         for case in ("topk n=131072", "index n=131072 full", "index n=131072 reindex", "index fp4",
                      "attn rows=1 ", "attn rows=64", "mhc tokens=1 ", "mhc tokens=8192"):
             best = sorted((us, k) for k, us in res["sweep_us"].items() if k.startswith(case) and not math.isnan(us))[:3]
-            logging.info("sweep best %s: %s", case, "; ".join(f"{us:.1f} us {k[len(case):]}" for us, k in best))
+            log.info("sweep best %s: %s", case, "; ".join(f"{us:.1f} us {k[len(case):]}" for us, k in best))
         (out / "bench.json").write_text(json.dumps(res, indent=1))
 
 
@@ -542,7 +544,7 @@ def report(res: dict) -> None:
         lines.append(f"  {t:>6} | {m['kernel_us']:8.1f} | {m['eager_us']:8.1f} | {m['eager_us'] / m['kernel_us']:6.1f}x"
                      f" | {100 * m['bytes'] / bw / 1e3 / m['kernel_us']:4.0f}%")
     text = "\n".join(lines)
-    logging.info("\n%s", text)
+    log.info("\n%s", text)
 
 
 if __name__ == "__main__":

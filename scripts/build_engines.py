@@ -14,6 +14,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+log = logging.getLogger("build_engines")
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -33,7 +35,7 @@ def main() -> int:
     bundle = Bundle.open(args.bundle)
     for graph in ("encoder_prefill", "decoder_step"):
         ops = preflight(onnx.load(str(bundle.graph_path(graph, "plugin")), load_external_data=False))
-        logging.info("%s: plugins %s", graph, ", ".join(ops))
+        log.info("%s: plugins %s", graph, ", ".join(ops))
     if args.preflight_only:
         return 0
     rows = {"encoder_prefill": args.max_prompt, "decoder_step": args.max_step}
@@ -41,7 +43,7 @@ def main() -> int:
     cache.parent.mkdir(exist_ok=True)
     for graph in tqdm(rows, desc="plans"):
         prof = optimization_profiles(bundle, graph, args.max_batch, args.capacity, rows[graph])
-        logging.info("built %s", build_plan(bundle, graph, prof, timing_cache=cache))
+        log.info("built %s", build_plan(bundle, graph, prof, timing_cache=cache))
     return 0
 
 

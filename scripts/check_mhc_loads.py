@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 
+log = logging.getLogger("check_mhc_loads")
+
 
 def cases() -> dict:
     """name -> (signature, constants, num_warps, num_stages, aligned parameters), as each path
@@ -64,9 +66,9 @@ def check() -> list[str]:
                             f"e.g. {recomputed[0]}: R' is computed twice (see _computed_once)")
         if consts["BLOCK_T"] >= 16 and not tiles:
             problems.append(f"{name}: no pipelined tile loads found (the TTGIR pattern is out of date?)")
-        logging.info("%-40s %2d async copies: %d tiles %s, %d row vectors, %d recomputed operands", name,
-                     len(copies), len(tiles), sorted({f"{'x'.join(map(str, s))} {e}" for s, e in tiles}),
-                     len(vectors), len(recomputed))
+        log.info("%-40s %2d async copies: %d tiles %s, %d row vectors, %d recomputed operands", name,
+                 len(copies), len(tiles), sorted({f"{'x'.join(map(str, s))} {e}" for s, e in tiles}),
+                 len(vectors), len(recomputed))
     return problems
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 
+log = logging.getLogger("check_pdl_ptx")
+
 
 def check() -> list[str]:
     from dsflash.plugins.aot import compile_ptx
@@ -33,9 +35,9 @@ def check() -> list[str]:
         if not found:
             problems.append(f"{name}: no global memory instruction recognised in its PTX (the pattern "
                             "is out of date)")
-        logging.info("%-18s PDL on: %d of its %d global memory instructions before the wait; PDL off: %s",
-                     name, len(early), len(found),
-                     "clean" if "griddepcontrol" not in off else "HAS griddepcontrol")
+        log.info("%-18s PDL on: %d of its %d global memory instructions before the wait; PDL off: %s",
+                 name, len(early), len(found),
+                 "clean" if "griddepcontrol" not in off else "HAS griddepcontrol")
     return problems
 
 

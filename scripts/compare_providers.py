@@ -14,6 +14,8 @@ import logging
 
 import numpy as np
 
+log = logging.getLogger("compare_providers")
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -61,22 +63,22 @@ def main() -> None:
     for out, op, name in order:
         a, b = results["CPUExecutionProvider"][out], results[args.provider][out]
         if a.shape != b.shape:
-            logging.info("%-16s %-40s shape %s vs %s", op, name, a.shape, b.shape)
+            log.info("%-16s %-40s shape %s vs %s", op, name, a.shape, b.shape)
             shown += 1
         elif a.dtype.kind in "fc":
             fin = np.isfinite(a) & np.isfinite(b)
             diff = float(np.abs(a[fin] - b[fin]).max()) if fin.any() else 0.0
             scale = float(np.abs(a[fin]).max()) if fin.any() else 0.0
             if diff > args.rtol * max(scale, 1.0) or not np.array_equal(np.isfinite(a), np.isfinite(b)):
-                logging.info("%-16s %-40s max |diff| %.3g (scale %.3g)", op, name, diff, scale)
+                log.info("%-16s %-40s max |diff| %.3g (scale %.3g)", op, name, diff, scale)
                 shown += 1
         elif not np.array_equal(a, b):
-            logging.info("%-16s %-40s %d of %d elements differ", op, name, int((a != b).sum()), a.size)
+            log.info("%-16s %-40s %d of %d elements differ", op, name, int((a != b).sum()), a.size)
             shown += 1
         if shown >= args.show:
             break
     if shown == 0:
-        logging.info("no node differs beyond rtol %g", args.rtol)
+        log.info("no node differs beyond rtol %g", args.rtol)
 
 
 if __name__ == "__main__":

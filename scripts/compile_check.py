@@ -9,6 +9,8 @@ import os
 import sys
 from collections.abc import Callable
 
+log = logging.getLogger("compile_check")
+
 
 def run(check: Callable[[], list[str]], doc: str) -> None:
     """Parse the (empty) command line with `doc` as help, run `check`, log its problems, exit."""
@@ -19,5 +21,5 @@ def run(check: Callable[[], list[str]], doc: str) -> None:
         raise SystemExit("unset TRITON_INTERPRET: the interpreter's kernels cannot be compiled")
     problems = check()
     for p in problems:
-        logging.error("%s", p)
+        log.error("%s", p)
     sys.exit(1 if problems else 0)

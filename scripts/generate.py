@@ -19,6 +19,8 @@ from dsflash.runtime.api import Runtime
 from dsflash.runtime.engine import BACKENDS, TUNED_COMPILE
 from dsflash.runtime.request import GenerationParams
 
+log = logging.getLogger("generate")
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,8 +64,8 @@ def main() -> int:
     if args.warm_up:
         lengths = sorted({len(rt.tokenizer.encode(p)) for p in prompts})
         seconds = rt.warm_up(prompt_lengths=lengths, prefill_mode=args.prefill)
-        logging.info("warm-up: %.1f s (%s)", sum(seconds.values()),
-                     ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()))
+        log.info("warm-up: %.1f s (%s)", sum(seconds.values()),
+                 ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()))
     t0 = time.perf_counter()
     if args.stream:
         for prompt in prompts:
