@@ -56,6 +56,36 @@ def test_torch_backend_from_bundle_weights(tiny_bundle, tiny_model, gen):
     assert any(".ffn.experts.7.w2." in name for name in want)
 
 
+def test_a_bundle_naming_each_experts_weights_still_loads(tiny_bundle, tiny_model, tmp_path):
+    """Bundles written before the export stacked the experts hold one initializer per expert
+    weight (`layers.<i>.ffn.experts.<e>.w1.weight`); model_from_bundle loads those too."""
+    import re
+    import shutil
+
+    import onnx
+    from onnx import numpy_helper
+
+    from dsflash.export.bundle import Bundle
+
+    old = tmp_path / "per-expert"
+    shutil.copytree(tiny_bundle.path, old)
+    for path in old.glob("*.onnx"):
+        proto = onnx.load(str(path))  # the weights inline, from the copy's weights.bin
+        inits = []
+        for init in proto.graph.initializer:
+            m = re.fullmatch(r"(layers\.\d+\.ffn)\.routed_(w[123])", init.name)
+            rows = enumerate(numpy_helper.to_array(init)) if m else ()
+            inits += [numpy_helper.from_array(row, f"{m[1]}.experts.{e}.{m[2]}.weight")
+                      for e, row in rows] if m else [init]
+        del proto.graph.initializer[:]
+        proto.graph.initializer.extend(inits)
+        onnx.save(proto, str(path))
+    model = model_from_bundle(Bundle.open(old, verify=False))
+    want = dict(tiny_model.named_parameters())
+    differ = [name for name, p in model.named_parameters() if not torch.equal(p, want[name])]
+    assert all(name.endswith("gate.bias_vl") for name in differ), differ
+
+
 def test_seeded_sampling_reproducible_and_topk1_greedy(tiny_bundle, tiny_model, gen):
     cfg = tiny_model.cfg
     prompt = random_ids(gen, 1, 9, cfg.vocab_size)[0].tolist()
