@@ -21,6 +21,7 @@ from dsflash.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
 MANIFEST_FORMAT = 1
+SERVED_DTYPES = ("float32", "bfloat16")  # the model dtypes a bundle may declare
 ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 7: "int64", 9: "bool", 10: "float16", 16: "bfloat16"}
 
 
@@ -131,7 +132,10 @@ class Bundle:
         and the state the contract marks `model`."""
         import torch
 
-        return getattr(torch, self.manifest["dtype"])
+        name = self.manifest.get("dtype")
+        if name not in SERVED_DTYPES:
+            raise BundleError(f"bundle {self.path} has dtype {name!r}; dsflash serves {SERVED_DTYPES}")
+        return getattr(torch, name)
 
     @property
     def flavors(self) -> list[str]:
@@ -168,6 +172,11 @@ class Bundle:
             diff = first_io_difference(actual, expected)
             if diff:
                 raise BundleError(f"{graph} ({flavor}) does not match {what}: {diff}")
+
+
+def model_dtype_name(model) -> str:
+    """A model's dtype as the manifest names it ("float32", "bfloat16"): its embedding's."""
+    return str(model.embed.weight.dtype).removeprefix("torch.")
 
 
 def _export_worker(cfg_dict: dict, vocab_map, weights: str, dtype: str, graph: str, flavor: str) -> bytes:
@@ -207,7 +216,7 @@ def _export_all(model, jobs: list[tuple[str, str]], workers: int, progress) -> d
         save_safetensors(model, weights)
         vocab = model.engram_vocab_map.cpu().numpy()
         with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-            dtype = str(model.embed.weight.dtype).removeprefix("torch.")
+            dtype = model_dtype_name(model)
             futures = {job: pool.submit(_export_worker, model.cfg.to_dict(), vocab, weights, dtype, *job)
                        for job in jobs}
             protos = {}
@@ -240,7 +249,7 @@ def write_bundle(model, out_dir: str | Path, name: str, flavors: tuple[str, ...]
                                  "opset": {i.domain or "ai.onnx": i.version for i in proto.opset_import},
                                  "ir_version": proto.ir_version}
     cfg.to_json(out / "config.json")
-    dtype = str(model.embed.weight.dtype).removeprefix("torch.")
+    dtype = model_dtype_name(model)
     files = sorted([graph_file(g, f) for g, f in protos] + ["weights.bin", "config.json"])
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     manifest = {"format": MANIFEST_FORMAT, "name": name, "created": created,

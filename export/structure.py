@@ -14,6 +14,7 @@ from pathlib import Path
 from dsflash.export.bundle import BundleError, contract_io, first_io_difference, graph_file, onnx_io
 from dsflash.export.contract import GRAPHS
 from dsflash.model.config import ModelConfig
+from dsflash.plugins.declaration import DOMAIN
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ def check_structure(cfg: ModelConfig, graph: str, flavor: str, path: str | Path,
     diff = first_io_difference(onnx_io(proto), contract_io(cfg, graph))
     if diff:
         raise BundleError(f"{graph} ({flavor}) structure does not match the contract: {diff}")
-    custom = Counter(n.op_type for n in proto.graph.node if n.domain not in ("", "ai.onnx"))
+    custom = Counter(n.op_type for n in proto.graph.node if n.domain == DOMAIN)
     return StructureReport(graph, flavor, Path(path), len(proto.graph.node), dict(custom), seconds)
 
 

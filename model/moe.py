@@ -67,8 +67,8 @@ class Router(nn.Module):
 class MoE(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        e, self.limit = cfg.hidden_size, cfg.swiglu_limit
-        limit = self.limit
+        e, limit = cfg.hidden_size, cfg.swiglu_limit
+        self.limit = limit
         self.dense = cfg.n_routed_experts == 0
         if self.dense:
             inter = cfg.intermediate_size

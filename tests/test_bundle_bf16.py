@@ -61,3 +61,9 @@ def test_the_torch_backend_serves_a_bf16_bundle_as_the_bf16_model(bf16_bundle, b
 def test_onnx_runtime_on_the_cpu_refuses_a_bf16_bundle_naming_why(bf16_bundle):
     with pytest.raises(BundleError, match="is bfloat16.*CPU provider.*ort-cuda, trt or torch"):
         Runtime.from_bundle(bf16_bundle.path, backend="ort", slots=1, capacity=64)
+
+
+def test_a_bundle_declaring_another_dtype_is_refused_naming_it(tmp_path):
+    bundle = Bundle(tmp_path, {"dtype": "float16"}, ModelConfig.preset("tiny"))
+    with pytest.raises(BundleError, match="has dtype 'float16'; dsflash serves"):
+        _ = bundle.dtype
