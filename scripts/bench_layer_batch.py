@@ -215,12 +215,19 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
     return out
 
 
-def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = ()) -> dict:
+def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = (), ranks: list[int] = ()) -> dict:
     """Label -> StableTopkLauncher overrides: each chunk with 4 warps, 4 warps without the idle
     skip and 8 warps; each digit split (widths of the passes, most significant first) with the
     launcher's own chunk; with `blocks`, the radix form and the block-max form (prefilter.py) at
-    each block size."""
+    each block size; with `ranks`, the block-max form's collect launch reading whole chunks against
+    reading the live blocks only, then the live collect under each rank block (candidates per rank
+    program)."""
     out = {"radix form": {"FORM": "radix"}} if blocks else {}
+    if ranks:
+        out["collect chunk"] = {"COLLECT": "chunk"}
+        out["collect live"] = {"COLLECT": "live"}
+    for rank in ranks:
+        out[f"collect live, rank block {rank}"] = {"COLLECT": "live", "RANK_BLOCK": rank}
     for block in blocks:
         out[f"block-max form, blocks of {block}"] = {"FORM": "prefilter", "BLOCK": block}
     for chunk in chunks:
@@ -395,6 +402,9 @@ def main() -> None:
     ap.add_argument("--topk-blocks", default="",
                     help="sweep the top-k's radix form against its block-max form at these block sizes "
                     "(e.g. 8,16)")
+    ap.add_argument("--topk-ranks", default="",
+                    help="sweep the block-max form's collect launch (whole chunks, live blocks) and its "
+                    "rank block (candidates per rank program, e.g. 4,16,64)")
     ap.add_argument("--fp4-configs", default="", help="sweep the FP4 index kernel's launch "
                     "(BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS],...) instead of timing the layers")
     ap.add_argument("--attn-configs", default="", help="sweep the sparse attention's launch "
@@ -424,9 +434,10 @@ def main() -> None:
            "torch": torch.__version__, "triton": triton.__version__, "bw_GBps": bw, "cases": []}
     gen = torch.Generator(device="cuda").manual_seed(0)
     topk_blocks = [int(b) for b in filter(None, args.topk_blocks.split(","))]
-    if args.topk_chunks or digits or topk_blocks:
+    topk_ranks = [int(r) for r in filter(None, args.topk_ranks.split(","))]
+    if args.topk_chunks or digits or topk_blocks or topk_ranks:
         chunks = [int(c) for c in filter(None, args.topk_chunks.split(","))]
-        settings = topk_settings(chunks, digits, topk_blocks)
+        settings = topk_settings(chunks, digits, topk_blocks, topk_ranks)
         res["topk_sweep_us"] = {f"batch {b} ctx {c}": topk_sweep(b, c, gen, settings)
                                 for c in contexts for b in batches}
         (out / "topk_sweep.json").write_text(json.dumps(res, indent=1))
@@ -455,7 +466,7 @@ def main() -> None:
                 (out / "attn_sweep.json").write_text(json.dumps(res, indent=1))
                 times = (f"{k}: {v['us']:.1f} us ({100 * roof / v['us']:.0f}%)" for k, v in case.items())
                 log.info("batch %d ctx %d (roofline %.1f us): %s", b, c, roof, ", ".join(times))
-    if args.topk_chunks or digits or topk_blocks or fp4_configs or attn_configs:
+    if args.topk_chunks or digits or topk_blocks or topk_ranks or fp4_configs or attn_configs:
         return
     for ctx in contexts:
         for batch in tqdm(batches, desc=f"layers at {ctx}"):

@@ -80,6 +80,11 @@ def test_sweep_settings_spell_out_the_launches(bench):
         "radix form": {"FORM": "radix"},
         "block-max form, blocks of 8": {"FORM": "prefilter", "BLOCK": 8},
         "block-max form, blocks of 32": {"FORM": "prefilter", "BLOCK": 32}}
+    # --topk-ranks: whole chunks against live blocks in the collect launch, then each rank block
+    assert bench.topk_settings([], [], ranks=[4, 64]) == {
+        "collect chunk": {"COLLECT": "chunk"}, "collect live": {"COLLECT": "live"},
+        "collect live, rank block 4": {"COLLECT": "live", "RANK_BLOCK": 4},
+        "collect live, rank block 64": {"COLLECT": "live", "RANK_BLOCK": 64}}
     assert bench.parse_attn_configs("16:32:4:3,64:16:8:2:5") == [
         {"BLOCK_H": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3},
         {"BLOCK_H": 64, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2, "n_split": 5}]

@@ -699,10 +699,39 @@ def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block):
         _assert_topk_workspaces_cleared(launcher)
 
 
+@pytest.mark.parametrize("case", ["ascending", "sparse ties", "equal run", "all equal", "all -inf"])
+@pytest.mark.parametrize("over", [{"COLLECT": "chunk"}, {"LIVE_BLOCKS": 1}, {"LIVE_BLOCKS": 4, "CHUNK": 64}])
+def test_stable_topk_block_max_collect_forms_are_exact(gen, case, over):
+    """Both collect launches of the block-max form give the stable sort's bits on the bound cases:
+    every chunk read whole ("chunk"), and only the live blocks (the default) listed and read one or
+    a few at a time, so a program loops over its list (the k best in the last blocks: all of a
+    program's blocks live; every block live when all scores are equal)."""
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
+    from dsflash.plugins.stable_topk import reference as topk_ref
+
+    scores, k = _block_max_cases(gen)[case]
+    launcher = topk_kernel.StableTopkLauncher(overrides={"FORM": "prefilter", "BLOCK": 8, "CHUNK": 256} | over)
+    want_v, want_i = topk_ref.stable_topk(scores, k)
+    for _ in range(2):
+        got_v, got_i = launcher(*_dev(scores), k)
+        assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
+
+
+def test_stable_topk_block_max_launch_follows_the_rows():
+    """One row collects from whole chunks and ranks 4 candidates per program; from 2 rows the
+    collect reads the live blocks only, and the rank block grows once the launch would hold more
+    than 2,048 rank programs (the H200 sweep behind rank_block_for)."""
+    from dsflash.plugins.stable_topk.kernel import rank_block_for
+
+    assert [rank_block_for(rows, 512) for rows in (1, 8, 16, 32, 64, 128, 4096)] == [4, 4, 4, 8, 16, 32, 64]
+    assert rank_block_for(64, 64) == 4
+
+
 def test_stable_topk_picks_its_form_by_blocks():
     """The block-max form serves rows of at least 4k blocks (a Full layer's 128K entries, one row
     or many); rows of fewer blocks (a listed pool of 16K) take the radix form; a forced form it
-    cannot serve (fewer than k blocks) falls back; a bad FORM, BLOCK or CHUNK is refused, naming it."""
+    cannot serve (fewer than k blocks) falls back; a bad FORM, BLOCK, CHUNK, COLLECT or LIVE_BLOCKS is
+    refused, naming it."""
     from dsflash.plugins.stable_topk.kernel import PREFILTER_BLOCK, StableTopkLauncher
 
     auto, forced = StableTopkLauncher(), StableTopkLauncher(overrides={"FORM": "prefilter"})
@@ -715,6 +744,10 @@ def test_stable_topk_picks_its_form_by_blocks():
         StableTopkLauncher(overrides={"CHUNK": 100})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="BLOCK must be a power of two in 2..512, got 12"):
         StableTopkLauncher(overrides={"BLOCK": 12})(*_dev(torch.rand(2, 4096)), 8)  # before any launch
+    with pytest.raises(ValueError, match="COLLECT must be 'live' or 'chunk', got 'all'"):
+        StableTopkLauncher(overrides={"COLLECT": "all"})(*_dev(torch.rand(1, 4096)), 8)
+    with pytest.raises(ValueError, match="LIVE_BLOCKS must be a power of two, got 3"):
+        StableTopkLauncher(overrides={"LIVE_BLOCKS": 3})(*_dev(torch.rand(1, 4096)), 8)
 
 
 @pytest.mark.parametrize("regs, warps, shared, want", [

@@ -243,17 +243,22 @@ def decode_attention_inputs(gen, n=131072):
             torch.randn(64, generator=gen), 512 ** -0.5)
 
 
-@pytest.mark.parametrize("form", ["radix", "prefilter"])
+TOPK_FORMS = {"radix": {"FORM": "radix"}, "prefilter": {"FORM": "prefilter"},
+              "prefilter, whole chunks": {"FORM": "prefilter", "COLLECT": "chunk"}}
+
+
+@pytest.mark.parametrize("form", list(TOPK_FORMS))
 def test_workspace_kernels_under_graph_replay(gen, form):
     """The split attention and the top-k reuse their launchers' workspaces (top-k: histograms and
     counters it clears itself): captured once as a CUDA graph, as the decode step is, and
     replayed on fresh inputs, each replay equals the reference (a counter left over or a stale
-    partial shows up as a wrong replay); the top-k in both forms."""
+    partial shows up as a wrong replay); the top-k in both forms, the block-max one with either
+    collect launch (live blocks, whole chunks)."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
     attn = attn_kernel.SparseAttentionLauncher()
-    topk = topk_kernel.StableTopkLauncher(overrides={"FORM": form})
+    topk = topk_kernel.StableTopkLauncher(overrides=TOPK_FORMS[form])
     a_in = cuda(*decode_attention_inputs(gen))
     s_in = torch.relu(torch.randn(2, 131072, device="cuda"))
     attn(*a_in), topk(s_in, 512)  # compile, allocate the workspaces
@@ -342,19 +347,20 @@ def test_cuda_graph_decode_with_kernels_gives_reference_tokens(tiny_cfg, gen, kv
 @pytest.mark.parametrize("pdl", [True, False])
 @pytest.mark.parametrize("rows,n,k", [(1, 131072, 512), (4, 65536, 512), (1, 16384, 2048), (2, 3000, 512),
                                       (64, 16384, 512), (64, 131072, 512)])
-@pytest.mark.parametrize("form", ["radix", "prefilter"])
+@pytest.mark.parametrize("form", list(TOPK_FORMS))
 def test_stable_topk_flash_sizes(gen, rows, n, k, pdl, form):
     """Bit-exact against the stable sort at decode sizes, with many exact ties (ReLU zeros), with
     programmatic dependent launch (the default on sm_90) and without (64 rows of 16K: a Reindex
     layer's listed pools at a decode batch; 64 of 128K: Full layers'), in both forms (the
-    block-max one falls back to the radix one where a row has fewer than k blocks)."""
+    block-max one falls back to the radix one where a row has fewer than k blocks; its collect
+    launch over the live blocks, the default, and over whole chunks)."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
     scores = torch.relu(torch.randn(rows, n, generator=gen))
     scores[:, : n // 3] = float("-inf")
     want_v, want_i = topk_ref.stable_topk(scores, k)
-    launcher = topk_kernel.StableTopkLauncher(overrides={"PDL": pdl, "FORM": form})
+    launcher = topk_kernel.StableTopkLauncher(overrides={"PDL": pdl} | TOPK_FORMS[form])
     for _ in range(2):
         poison_allocator()
         got_v, got_i = launcher(scores.cuda(), k)

@@ -62,6 +62,7 @@ from dsflash.plugins.stable_topk.keys import chunk_keys, clear_histograms, narro
 from dsflash.plugins.stable_topk.prefilter import (
     block_max_pass_kernel,
     prefilter_collect_kernel,
+    prefilter_collect_live_kernel,
     prefilter_rank_kernel,
 )
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
@@ -280,7 +281,17 @@ class StableTopkLauncher(LauncherBase):
         program (chunk / block maxima: as many scores as a radix pass's program reads)."""
         rows, n = flat.shape
         m = cdiv(n, block)
+        chunk = max(chunk, block)  # whole blocks per collect program
         n_prog = cdiv(n, chunk)
+        # the collect launch over the live blocks from 2 rows; one row reads its 512 KB of scores
+        # in one round trip per program, which the live form's three (maxima, list, live scores)
+        # do not beat (H200 at 128K, k = 512, us for 1 / 8 / 64 rows: whole chunks 13.3 / 23.8 /
+        # 99.4, live blocks 13.9 / 19.8 / 77.5; docs/benchmarks.md, session 27)
+        collect = self._overrides.get("COLLECT", "chunk" if rows == 1 else "live")
+        require(collect in ("live", "chunk"), f"StableTopk: COLLECT must be 'live' or 'chunk', got {collect!r}")
+        live_blocks = self._overrides.get("LIVE_BLOCKS", 32)
+        require(live_blocks >= 1 and live_blocks & (live_blocks - 1) == 0,
+                f"StableTopk: LIVE_BLOCKS must be a power of two, got {live_blocks}")
         cap = k_out * block  # above (k - 1) x block entries cannot be above T (prefilter.py)
         bm_chunk = max(chunk // block, 16)
         pass_chunk = max(batch_chunk(rows, m), next_pow2(cdiv(m, self.MAX_PROGRAMS)))
@@ -297,6 +308,7 @@ class StableTopkLauncher(LauncherBase):
                     "state": torch.empty(r, len(passes), 2, dtype=torch.int64, device=flat.device),
                     "tval": torch.empty(r, dtype=torch.int64, device=flat.device),
                     "bm": torch.empty(r, next_pow2(m), dtype=torch.float32, device=flat.device),
+                    "live": torch.empty(r, next_pow2(m), dtype=torch.int32, device=flat.device),
                     "prog_eq": torch.empty(r, next_pow2(n_prog), dtype=torch.int32, device=flat.device),
                     "cand": torch.empty(r, next_pow2(cap), dtype=torch.uint64, device=flat.device)}
 
@@ -315,10 +327,17 @@ class StableTopkLauncher(LauncherBase):
                 bm, m, k_out, hist, state, counter, ws["prog_eq"], SHIFT=shift, BITS=bits, PASS=i,
                 PREV_BITS=passes[i - 1][1], LAST=False, CHUNK=pass_chunk,
                 SKIP_IDLE=self._overrides.get("SKIP_IDLE", True), **common)
-        prefilter_collect_kernel[(rows, n_prog)](
-            flat, n, hist, state, counter, ws["prog_eq"], ws["cand"], ws["tval"], cand_cap, CHUNK=chunk,
-            LAST_BITS=passes[-1][1], **common)
-        rank_block = self._overrides.get("RANK_BLOCK", 4)
+        if collect == "live":
+            live = ws["live"].view(-1)[:rows * m]
+            prefilter_collect_live_kernel[(rows, n_prog)](
+                flat, n, m, bm, live, hist, state, counter, ws["prog_eq"], ws["cand"], ws["tval"], cand_cap,
+                CHUNK=chunk, BLOCK=block, LIVE_BLOCKS=live_blocks,
+                LAST_BITS=passes[-1][1], **common)
+        else:
+            prefilter_collect_kernel[(rows, n_prog)](
+                flat, n, hist, state, counter, ws["prog_eq"], ws["cand"], ws["tval"], cand_cap, CHUNK=chunk,
+                LAST_BITS=passes[-1][1], **common)
+        rank_block = self._overrides.get("RANK_BLOCK") or rank_block_for(rows, k_out)
         rank_progs = cdiv(k_out, rank_block)
         prefilter_rank_kernel[(rows, rank_progs + n_prog)](
             flat, n, k_out, hist, counter, ws["prog_eq"], ws["cand"], ws["tval"], vals, idx, cand_cap,
@@ -336,6 +355,17 @@ def batch_chunk(rows: int, n: int, programs: int = 1024) -> int:
     while chunk < 2048 and rows * cdiv(n, chunk) > programs:
         chunk *= 2
     return chunk
+
+
+def rank_block_for(rows: int, k: int, programs: int = 2048) -> int:
+    """Candidates per program of the block-max form's rank launch: 4, doubled while the launch would
+    hold more than `programs` rank programs. H200 at 128K, k = 512, live collect, us for 1 / 8 / 64
+    rows: blocks of 4 13.9 / 19.8 / 77.1, of 16 14.6 / 21.4 / 58.8, of 64 18.7 / 23.8 / 58.8 (one
+    row's 128 small programs run side by side; 64 rows' 8,192 queue in waves)."""
+    block = 4
+    while block < 64 and rows * cdiv(k, block) > programs:
+        block *= 2
+    return block
 
 
 def stable_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

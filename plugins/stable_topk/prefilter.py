@@ -12,8 +12,10 @@ Launches (grid (rows, programs) each, none waiting for another inside a launch):
 1. block_max_pass_kernel: the block maxima of each row (written, clamped as the reference sorts)
    and the first digit pass of the radix select over them;
 2. kernel.py's radix_digit_pass_kernel for the other digits, over the maxima: T;
-3. prefilter_collect_kernel: the entries above T into a candidate list (slots from a relaxed
-   atomic counter, unordered) and each chunk's count of entries equal to T;
+3. prefilter_collect_live_kernel (from 2 rows) or prefilter_collect_kernel (one row): the
+   entries above T into a candidate list (slots from a relaxed atomic counter, unordered) and each
+   chunk's count of entries equal to T; the live form reads only the blocks whose maximum is >= T
+   (about k of a row's blocks), the other every score;
 4. prefilter_rank_kernel: each candidate's place is the count of candidates above it (score,
    then lower index: unique keys), written where it is below k; when G < k, programs over the
    chunks write the first k - G entries equal to T in index order after them.
@@ -93,6 +95,51 @@ def prefilter_collect_kernel(scores_ptr, N, hist, state, counter, prog_eq, cand,
     # slot < CAP always holds for finite scores (at most (k - 1) x BLOCK above T); the mask keeps
     # NaN scores from writing past the list
     tl.store(cand + row * CAP + slot, full, mask=gt & (slot < CAP))
+
+
+@triton.jit
+def prefilter_collect_live_kernel(scores_ptr, N, M, bm_ptr, live_ptr, hist, state, counter, prog_eq, cand, tval,
+                                  CAP, CHUNK: tl.constexpr, BLOCK: tl.constexpr, LIVE_BLOCKS: tl.constexpr,
+                                  LAST_BITS: tl.constexpr, HIST_BINS: tl.constexpr, PASSES: tl.constexpr,
+                                  PDL: tl.constexpr = False):
+    """prefilter_collect_kernel's outputs (same grid, same CHUNK) from the live blocks only: those
+    whose maximum is >= T, since every entry >= T lies in one. A program reads its CHUNK / BLOCK
+    maxima, lists its live blocks' numbers in live_ptr[row, p * CHUNK / BLOCK:] (its own part of a
+    [rows, M] buffer: the k-th live block of the chunk is at most its k-th block), then reads and
+    keys LIVE_BLOCKS of them at a time. About k of a row's M blocks are live on scores without long
+    runs of equal best values, so a row of 128K reads ~1/16 of its scores and keys as many."""
+    wait_for_earlier_grids(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    n_prog = tl.num_programs(1)
+    t, _ = narrowed(hist, state, row, PASSES - 1, LAST_BITS, HIST_BINS, PASSES)
+    if p == 0:
+        tl.store(tval + row, t)
+    NB: tl.constexpr = CHUNK // BLOCK
+    j = p * NB + tl.arange(0, NB)
+    top = tl.load(bm_ptr + row * M + j, mask=j < M, other=0.0, cache_modifier=".cg")
+    live = (j < M) & (order_key(top) >= t)
+    n_live = tl.sum(live.to(tl.int32), axis=0)
+    mine = live_ptr + row * M + p * NB
+    tl.store(mine + tl.cumsum(live.to(tl.int32), axis=0) - 1, j, mask=live)
+    tl.debug_barrier()  # the list is written (and visible to the whole program) before it is read
+    n_eq = tl.zeros([], dtype=tl.int32)
+    for s in tl.range(0, n_live, LIVE_BLOCKS):
+        slot_b = s + tl.arange(0, LIVE_BLOCKS)
+        has = slot_b < n_live
+        b = tl.load(mine + slot_b, mask=has, other=0, cache_modifier=".cg")
+        n = b[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+        ok = has[:, None] & (n < N)
+        key = ordered_keys(scores_ptr, row, n, ok, N)
+        gt = (ok & (key > t)).to(tl.int32)
+        n_eq += tl.sum(tl.sum((ok & (key == t)).to(tl.int32), axis=1), axis=0)
+        per_block = tl.sum(gt, axis=1)
+        n_mine = tl.sum(per_block, axis=0)
+        base = tl.atomic_add(counter + row, n_mine, mask=n_mine > 0, sem="relaxed")  # a run of slots
+        slot = base + (tl.cumsum(per_block, axis=0) - per_block)[:, None] + tl.cumsum(gt, axis=1) - 1
+        full = ((key << 32) | (0xFFFFFFFF - n.to(tl.int64))).to(tl.uint64)  # as prefilter_collect_kernel's
+        tl.store(cand + row * CAP + slot, full, mask=(gt != 0) & (slot < CAP))
+    tl.store(prog_eq + row * n_prog + p, n_eq)
 
 
 @triton.jit
