@@ -179,7 +179,9 @@ class StableTopkLauncher(LauncherBase):
     """Holds the histograms, states, slot counters and selection buffers (self-clearing, so the
     launches capture into a CUDA graph); one instance per device/stream, calls on it must not
     overlap. Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K, RANK_BLOCK, CMP_BLOCK, PDL
-    (False: plain launches), SKIP_IDLE (False: every program of a digit pass builds its histogram)."""
+    (False: plain launches), SKIP_IDLE (False: every program of a digit pass builds its histogram);
+    the block-max form's FORM, BLOCK, COLLECT ('live' or 'chunk') and LIVE_BLOCKS (live blocks read
+    per step of the live collect)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
 
