@@ -144,9 +144,10 @@ class MoE(nn.Module):
         out = torch.zeros_like(x, dtype=torch.float32)
         # the per-expert loop sizes its batches on the host (nonzero): neither export nor a CUDA
         # graph capture nor a compile trace can take that, so they use the dense dispatch, or the
-        # one-row form (same maths)
-        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-        if self.for_export or torch.compiler.is_compiling() or capturing:
+        # one-row form (same maths). The capture query comes last: a compile trace cannot take it
+        # (dynamo refuses a torch.* call that returns a bool), and is_compiling() skips it there
+        if (self.for_export or torch.compiler.is_compiling()
+                or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
             # one row (a decode step of one sequence): its k experts are known without a host
             # sync, so read only those; a symbolic batch is >= 2 in a trace, so this adds no guard
             one_row = x.shape[0] == 1 and not self.for_export
