@@ -34,8 +34,9 @@ dependent launch (plugins/pdl.py) is kept: 22.0 us against 23.8 us without it.
 
 Rows of at least 4k blocks of PREFILTER_BLOCK entries take the block-max form instead
 (prefilter.py: the same digit passes over the blocks' maxima, then only the entries above the k-th
-maximum are ranked; H200 at 128K, k = 512: 98.6 against 173.3 us for 64 rows, 13.2 against 17.1
-us for one; StableTopkLauncher._form). Both forms give the reference's bits.
+maximum are ranked; H200 at 128K, k = 512: 58.2 against 173.3 us for 64 rows (98.6 before the
+live collect, session 27), 13.2 against 17.1 us for one; StableTopkLauncher._form). Both forms give
+the reference's bits.
 
 NaN scores are not checked (that would sync the host every call) and do not order as the
 reference's sort orders them; index scores are finite or -inf.
@@ -248,8 +249,9 @@ class StableTopkLauncher(LauncherBase):
         radix_select_kernel[(rows, n_prog)](
             flat, n, k_out, hist, state, counter, ws["prog_hist"], ws["sel"], KP=ws["sel"].shape[1],
             PP=next_pow2(n_prog), LAST_BITS=passes[-1][1], **common)
-        # 4 keys per rank program (H200 at 128K: 14.3 us; 8 keys 14.8, 16 keys 15.0, 32 keys 16.0)
-        rank_block = min(self._overrides.get("RANK_BLOCK", 4), kp)
+        # 4 keys per rank program on few rows (H200 at 128K, one row: 14.3 us; 8 keys 14.8, 16 keys
+        # 15.0, 32 keys 16.0), more on many (rank_block_for)
+        rank_block = min(self._overrides.get("RANK_BLOCK") or rank_block_for(rows, k_out), kp)
         cmp_block = min(self._overrides.get("CMP_BLOCK", 256), ws["sel"].shape[1])
         common.pop("CHUNK")
         radix_rank_kernel[(rows, cdiv(k_out, rank_block))](
@@ -360,10 +362,12 @@ def batch_chunk(rows: int, n: int, programs: int = 1024) -> int:
 
 
 def rank_block_for(rows: int, k: int, programs: int = 2048) -> int:
-    """Candidates per program of the block-max form's rank launch: 4, doubled while the launch would
-    hold more than `programs` rank programs. H200 at 128K, k = 512, live collect, us for 1 / 8 / 64
-    rows: blocks of 4 13.9 / 19.8 / 77.1, of 16 14.6 / 21.4 / 58.8, of 64 18.7 / 23.8 / 58.8 (one
-    row's 128 small programs run side by side; 64 rows' 8,192 queue in waves)."""
+    """Candidates per rank program (both forms' rank launches): 4, doubled while the launch would
+    hold more than `programs` rank programs. H200, k = 512, us for 1 / 8 / 64 rows (session 27,
+    docs/benchmarks.md): block-max form at 128K (live collect): blocks of 4 13.9 / 19.8 / 77.1, of
+    16 14.6 / 21.4 / 58.8, of 64 18.7 / 23.8 / 58.8; radix form on a listed pool of 16K: 10.9 /
+    15.9 / 47.5, 11.1 / 14.9 / 43.4, 14.2 / 18.4 / 46.7 (one row's 128 small programs run side by
+    side; 64 rows' 8,192 queue in waves)."""
     block = 4
     while block < 64 and rows * cdiv(k, block) > programs:
         block *= 2
