@@ -389,6 +389,48 @@ def report(res: dict) -> str:
     return "\n".join(lines)
 
 
+KERNEL_LABELS = {"index": "index, bf16 keys", "index_fp4": "index, FP4 keys", "index_listed_fp4":
+                 "index, listed pool, FP4 keys", "topk": "top-k", "attn": "sparse attention"}
+LAYER_LABELS = {"full": "Full, bf16 index keys", "full_fp4": "Full, FP4 index keys", "reindex": "Reindex (mask)",
+                "reindex_listed_fp4": "Reindex (list, FP4 keys)", "reuse": "Reuse"}
+
+
+def plot(res: dict, path: Path) -> None:
+    """The layer table as a figure, per context: each layer's speed-up over the dense roofline against
+    the rows (issue 5's targets dashed: 3x Full, 15x Reindex / Reuse), and each kernel's fraction of
+    its own roofline (the 70% target dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    contexts = sorted({case["context"] for case in res["cases"]})
+    fig, axes = plt.subplots(len(contexts), 2, figsize=(12, 4.5 * len(contexts)), squeeze=False)
+    for (speed, frac), ctx in zip(axes, contexts):
+        cases = sorted((c for c in res["cases"] if c["context"] == ctx), key=lambda c: c["batch"])
+        rows = [c["batch"] for c in cases]
+        for kind, label in LAYER_LABELS.items():
+            speed.plot(rows, [c["x_dense"][kind] for c in cases], "o-", label=label)
+        for target in sorted(set(TARGETS.values())):
+            speed.axhline(target, color="k", ls="--", lw=0.8)
+        speed.set_yscale("log")
+        speed.set_yticks([1, 3, 10, 15, 30], ["1", "3", "10", "15", "30"])
+        speed.set(xscale="log", xlabel="decode rows", ylabel="x the dense roofline",
+                  title=f"CSA2 layers at {ctx // 1024}K entries per row (targets: 3x, 15x)")
+        for name, label in KERNEL_LABELS.items():
+            frac.plot(rows, [100 * c["roofline_fraction"][name] for c in cases], "o-", label=label)
+        frac.axhline(70, color="k", ls="--", lw=0.8)
+        frac.set(xscale="log", xlabel="decode rows", ylabel="% of its roofline",
+                 title="each kernel against its counted bytes (target: 70%)")
+        for ax in (speed, frac):
+            ax.set_xticks(rows, [str(r) for r in rows])
+            ax.legend(fontsize=8)
+    fig.suptitle(f"{res['gpu']}, {res['date']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -409,7 +451,17 @@ def main() -> None:
                     "(BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS],...) instead of timing the layers")
     ap.add_argument("--attn-configs", default="", help="sweep the sparse attention's launch "
                     "(BLOCK_H:BLOCK_K:num_warps:num_stages[:SPLITS],...) instead of timing the layers")
+    ap.add_argument("--plot-from", default="", help="only draw the figure of a saved bench_layer_batch.json "
+                    "into --out (no GPU needed)")
     args = ap.parse_args()
+    if args.plot_from:
+        saved = Path(args.plot_from)
+        if not saved.is_file():
+            ap.error(f"--plot-from: no file {saved}")
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        plot(json.loads(saved.read_text()), out / (saved.stem + ".png"))
+        return
     batches = [int(b) for b in args.batches.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
     bad = [v for v in batches + contexts if v < 1] + [c for c in contexts if c % CAND_BLOCK]
@@ -474,6 +526,7 @@ def main() -> None:
             torch.cuda.empty_cache()
             (out / "bench_layer_batch.json").write_text(json.dumps(res, indent=1))
     log.info("\n%s", report(res))
+    plot(res, out / "bench_layer_batch.png")
 
 
 if __name__ == "__main__":

@@ -88,3 +88,17 @@ def test_sweep_settings_spell_out_the_launches(bench):
     assert bench.parse_attn_configs("16:32:4:3,64:16:8:2:5") == [
         {"BLOCK_H": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3},
         {"BLOCK_H": 64, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2, "n_split": 5}]
+
+
+def test_the_figure_redraws_from_a_saved_run_without_a_gpu(tmp_path):
+    """--plot-from draws a saved run's figure (the H200 run of session 27 in docs/) on any machine;
+    a missing file is refused, naming it."""
+    saved = ROOT / "docs" / "bench_layer_batch_topk_live_h200_2026-12-05.json"
+    run = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--plot-from", str(saved)],
+                         capture_output=True, text=True, cwd=ROOT, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    png = tmp_path / (saved.stem + ".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--plot-from",
+                          str(tmp_path / "none.json")], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert bad.returncode != 0 and "no file" in bad.stderr and "none.json" in bad.stderr
