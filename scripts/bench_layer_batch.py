@@ -27,6 +27,10 @@ on every case (a warning and `topk_exact: false` in the JSON if they differ).
     python scripts/bench_layer_batch.py --out gpu_out [--batches 1,8,32,64] [--contexts 131072]
     python scripts/bench_layer_batch.py --out gpu_out --batches 1,64 --topk-digits 8-8-8-8,4-4-8-8-8
     python scripts/bench_layer_batch.py --out gpu_out --batches 1,64 --fp4-configs 64:4:4:0,128:16:8:3
+    python scripts/bench_layer_batch.py --out docs --plot-from gpu_out/bench_layer_batch.json  # any machine
+
+A layer run also draws bench_layer_batch.png (plot): each layer's speed-up over the dense roofline
+and each kernel's roofline fraction against the rows, with issue 5's targets.
 
 The sweeps replace the layer timings: the top-k's chunks and digit splits (each checked bit for bit
 against the stable sort) and the FP4 index kernel's launch configs (each compared with the launch
