@@ -730,8 +730,8 @@ def test_stable_topk_block_max_launch_follows_the_rows():
 def test_stable_topk_picks_its_form_by_blocks():
     """The block-max form serves rows of at least 4k blocks (a Full layer's 128K entries, one row
     or many); rows of fewer blocks (a listed pool of 16K) take the radix form; a forced form it
-    cannot serve (fewer than k blocks) falls back; a bad FORM, BLOCK, CHUNK, COLLECT or LIVE_BLOCKS is
-    refused, naming it."""
+    cannot serve (fewer than k blocks) falls back; a bad FORM, BLOCK, CHUNK, COLLECT, LIVE_BLOCKS,
+    RANK_BLOCK or CMP_BLOCK is refused before any launch, naming it."""
     from dsflash.plugins.stable_topk.kernel import PREFILTER_BLOCK, StableTopkLauncher
 
     auto, forced = StableTopkLauncher(), StableTopkLauncher(overrides={"FORM": "prefilter"})
@@ -748,6 +748,10 @@ def test_stable_topk_picks_its_form_by_blocks():
         StableTopkLauncher(overrides={"COLLECT": "all"})(*_dev(torch.rand(1, 4096)), 8)
     with pytest.raises(ValueError, match="LIVE_BLOCKS must be a power of two, got 3"):
         StableTopkLauncher(overrides={"LIVE_BLOCKS": 3})(*_dev(torch.rand(1, 4096)), 8)
+    for name, bad in (("RANK_BLOCK", 6), ("CMP_BLOCK", 0)):
+        for scores in (torch.rand(2, 4096), torch.rand(2, 300)):  # the block-max and the radix form
+            with pytest.raises(ValueError, match=f"{name} must be a power of two, got {bad}"):
+                StableTopkLauncher(overrides={name: bad})(*_dev(scores), 8)
 
 
 @pytest.mark.parametrize("regs, warps, shared, want", [

@@ -229,13 +229,17 @@ class StableTopkLauncher(LauncherBase):
                 f"StableTopk: CHUNK must be a power of two of at least 16, got {chunk}")
         chunk = max(chunk, next_pow2(cdiv(n, self.MAX_PROGRAMS)))
         n_prog = cdiv(n, chunk)
+        # keys per rank program: 4 on few rows (H200 at 128K, one row, radix form: 14.3 us; 8 keys
+        # 14.8, 16 keys 15.0, 32 keys 16.0), more on many (rank_block_for); compared 256 at a time
+        rank_block = self._pow2("RANK_BLOCK", rank_block_for(rows, k_out))
+        cmp_block = self._pow2("CMP_BLOCK", 256)
         flat = scores.contiguous().view(rows, n)
         vals = torch.empty(rows, k_out, dtype=torch.float32, device=scores.device)
         idx = torch.empty(rows, k_out, dtype=torch.int64, device=scores.device)
         warps = self._overrides.get("num_warps", 4)
         block = self._overrides.get("BLOCK", PREFILTER_BLOCK)
         if self._form(n, k_out, block) == "prefilter":
-            self._block_max_form(flat, k_out, vals, idx, passes, chunk, block, warps)
+            self._block_max_form(flat, k_out, vals, idx, passes, chunk, block, warps, (rank_block, cmp_block))
             return vals.view(*lead, k_out), idx.view(*lead, k_out)
         ws = self._workspace(scores.device, rows, n_prog, kp, passes)
         hist, state, counter = ws["hist"], ws["state"], ws["counter"]
@@ -249,15 +253,20 @@ class StableTopkLauncher(LauncherBase):
         radix_select_kernel[(rows, n_prog)](
             flat, n, k_out, hist, state, counter, ws["prog_hist"], ws["sel"], KP=ws["sel"].shape[1],
             PP=next_pow2(n_prog), LAST_BITS=passes[-1][1], **common)
-        # 4 keys per rank program on few rows (H200 at 128K, one row: 14.3 us; 8 keys 14.8, 16 keys
-        # 15.0, 32 keys 16.0), more on many (rank_block_for)
-        rank_block = min(self._overrides.get("RANK_BLOCK") or rank_block_for(rows, k_out), kp)
-        cmp_block = min(self._overrides.get("CMP_BLOCK", 256), ws["sel"].shape[1])
+        rank_block = min(rank_block, kp)
         common.pop("CHUNK")
         radix_rank_kernel[(rows, cdiv(k_out, rank_block))](
             flat, n, k_out, hist, counter, ws["sel"], vals, idx, KP=ws["sel"].shape[1],
-            RANK_BLOCK=rank_block, CMP_BLOCK=cmp_block, **common)
+            RANK_BLOCK=rank_block, CMP_BLOCK=min(cmp_block, ws["sel"].shape[1]), **common)
         return vals.view(*lead, k_out), idx.view(*lead, k_out)
+
+    def _pow2(self, name: str, default: int) -> int:
+        """The override `name`, or `default`: a power of two (tl.arange's sizes), or a ValueError
+        naming it before any launch (a launch left half done would leave its counters set)."""
+        value = self._overrides.get(name, default)
+        require(isinstance(value, int) and value >= 1 and value & (value - 1) == 0,
+                f"StableTopk: {name} must be a power of two, got {value!r}")
+        return value
 
     def _form(self, n: int, k_out: int, block: int) -> str:
         """"radix" or "prefilter" (prefilter.py), the override FORM if given. The block-max form
@@ -279,10 +288,11 @@ class StableTopkLauncher(LauncherBase):
         return form if blocks >= k_out else "radix"
 
     def _block_max_form(self, flat: torch.Tensor, k_out: int, vals: torch.Tensor, idx: torch.Tensor,
-                        passes: tuple, chunk: int, block: int, warps: int) -> None:
+                        passes: tuple, chunk: int, block: int, warps: int, rank: tuple[int, int]) -> None:
         """prefilter.py's launches into vals / idx [rows, k_out]. `chunk` (entries per program of
         the collect and tie launches, as the radix form's) also sets the first launch's blocks per
-        program (chunk / block maxima: as many scores as a radix pass's program reads)."""
+        program (chunk / block maxima: as many scores as a radix pass's program reads); `rank` is
+        the rank launch's (keys per program, keys compared at a time)."""
         rows, n = flat.shape
         m = cdiv(n, block)
         chunk = max(chunk, block)  # whole blocks per collect program
@@ -293,9 +303,7 @@ class StableTopkLauncher(LauncherBase):
         # 99.4, live blocks 13.9 / 19.8 / 77.5; docs/benchmarks.md, session 27)
         collect = self._overrides.get("COLLECT", "chunk" if rows == 1 else "live")
         require(collect in ("live", "chunk"), f"StableTopk: COLLECT must be 'live' or 'chunk', got {collect!r}")
-        live_blocks = self._overrides.get("LIVE_BLOCKS", 32)
-        require(live_blocks >= 1 and live_blocks & (live_blocks - 1) == 0,
-                f"StableTopk: LIVE_BLOCKS must be a power of two, got {live_blocks}")
+        live_blocks = self._pow2("LIVE_BLOCKS", 32)
         cap = k_out * block  # above (k - 1) x block entries cannot be above T (prefilter.py)
         bm_chunk = max(chunk // block, 16)
         pass_chunk = max(batch_chunk(rows, m), next_pow2(cdiv(m, self.MAX_PROGRAMS)))
@@ -341,11 +349,11 @@ class StableTopkLauncher(LauncherBase):
             prefilter_collect_kernel[(rows, n_prog)](
                 flat, n, hist, state, counter, ws["prog_eq"], ws["cand"], ws["tval"], cand_cap, CHUNK=chunk,
                 LAST_BITS=passes[-1][1], **common)
-        rank_block = self._overrides.get("RANK_BLOCK") or rank_block_for(rows, k_out)
+        rank_block, cmp_block = rank
         rank_progs = cdiv(k_out, rank_block)
         prefilter_rank_kernel[(rows, rank_progs + n_prog)](
             flat, n, k_out, hist, counter, ws["prog_eq"], ws["cand"], ws["tval"], vals, idx, cand_cap,
-            RANK_PROGS=rank_progs, RANK_BLOCK=rank_block, CMP_BLOCK=self._overrides.get("CMP_BLOCK", 256),
+            RANK_PROGS=rank_progs, RANK_BLOCK=rank_block, CMP_BLOCK=cmp_block,
             CHUNK=chunk, PP=next_pow2(n_prog), **common)
 
 
