@@ -47,15 +47,18 @@ def pdl_launch_args(device: torch.device, overrides: dict | None = None) -> dict
 
 
 def memory_before_wait(ptx: str) -> list[str]:
-    """The global-memory instructions (loads, stores, atomics, async copies) a kernel's PTX issues
-    before its first griddepcontrol.wait, in order; all of them when there is no wait. Parameter
+    """The global-memory instructions (loads, stores, atomics, prefetches, async copies) a kernel's
+    PTX issues before its first griddepcontrol.wait, in order; all of them when there is no wait. Parameter
     loads (ld.param) do not count: the launch fixes them. Empty for a correct PDL kernel."""
     body = ptx.split(".entry", 1)[-1]
     wait = body.find("griddepcontrol.wait")
     head = body if wait < 0 else body[:wait]
     memory = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:ld|st|atom|red)(?:\.\w+)*\.global\S*|cp\.async\S*)",
                         re.MULTILINE)
-    return [m.group(1) for m in memory.finditer(head)]
+    # prefetch hints come from inline asm ({ ...; @p prefetch.global.L2 [..]; }), mid-line
+    hints = re.compile(r"\b(prefetch(?:\.\w+)*\.global\S*)")
+    found = [(m.start(), m.group(1)) for m in (*memory.finditer(head), *hints.finditer(head))]
+    return [name for _, name in sorted(found)]
 
 
 def pdl_kernel_specs() -> dict:

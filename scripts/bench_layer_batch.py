@@ -368,6 +368,17 @@ def parse_attn_configs(text: str) -> list[dict]:
     return configs
 
 
+def with_prefetch(configs: list[dict], text: str) -> list[dict]:
+    """Each attention config (the launcher default when none) at each prefetch distance of the
+    comma-separated `text` (PREFETCH, key blocks ahead); the configs unchanged when it is empty."""
+    if not text:
+        return configs
+    ahead = text.split(",")
+    if not all(a.isdigit() for a in ahead):
+        raise ValueError(f"--attn-prefetch {text!r} is not comma-separated ints >= 0")
+    return [cfg | {"PREFETCH": int(a)} for cfg in configs or [{}] for a in ahead]
+
+
 def report(res: dict) -> str:
     head = (f"{res['gpu']}  torch {res['torch']}  triton {res['triton']}  {res['date']}  "
             f"copy {res['bw_GBps']:.0f} GB/s")
@@ -455,6 +466,9 @@ def main() -> None:
                     "(BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS],...) instead of timing the layers")
     ap.add_argument("--attn-configs", default="", help="sweep the sparse attention's launch "
                     "(BLOCK_H:BLOCK_K:num_warps:num_stages[:SPLITS],...) instead of timing the layers")
+    ap.add_argument("--attn-prefetch", default="", help="sweep the sparse attention's L2 prefetch distance "
+                    "(key blocks ahead, comma-separated ints >= 0) over the launcher default and each "
+                    "--attn-configs entry")
     ap.add_argument("--plot-from", default="", help="only draw the figure of a saved bench_layer_batch.json "
                     "into --out (no GPU needed)")
     args = ap.parse_args()
@@ -473,7 +487,7 @@ def main() -> None:
         ap.error(f"batches and contexts must be >= 1 and contexts multiples of {CAND_BLOCK}; got {bad}")
     try:
         fp4_configs = parse_fp4_configs(args.fp4_configs)
-        attn_configs = parse_attn_configs(args.attn_configs)
+        attn_configs = with_prefetch(parse_attn_configs(args.attn_configs), args.attn_prefetch)
         digits = [tuple(int(d) for d in split.split("-"))
                   for split in filter(None, args.topk_digits.split(","))]
         for split in digits:

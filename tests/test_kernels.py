@@ -6,6 +6,8 @@ sets TRITON_INTERPRET=1), which is how CI covers them; on the GPU the same tests
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from kernel_checks import assert_kernel_matches
@@ -361,6 +363,17 @@ def test_sparse_attention_batch_form_rule():
     assert attn_splits.launch_config(64, 128, False, rows=64)["BLOCK_H"] == 64  # narrow heads: as before
     assert attn_splits.launch_config(64, 128, False, rows=64)["num_warps"] == 4
     assert [attn_splits.split_count(r, 1, 132) for r in (16, 32, 40, 64, 66, 67, 200)] == [8, 4, 3, 2, 2, 1, 1]
+
+
+@pytest.mark.parametrize("ahead,message", [(-1, "PREFETCH -1 must be an int >= 0"),
+                                           (1.5, "PREFETCH 1.5 must be an int >= 0")]
+                         + ([(2, "PREFETCH 2 needs a GPU; the interpreter runs 0 only")] if interpreting() else []))
+def test_sparse_attention_refuses_bad_prefetch(gen, ahead, message):
+    """A negative or fractional prefetch distance is refused before any launch, naming it; so is
+    any distance in the interpreter, which cannot run the inline PTX hint."""
+    args = attention_case(gen, torch.float32, 1, 2, 4, 32, 20, 5, 3)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        attn_kernel.SparseAttentionLauncher(overrides={"PREFETCH": ahead})(*_dev(*args))
 
 
 def attention_case(gen, dtype, b, s, h, d, n, k, t):

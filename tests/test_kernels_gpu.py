@@ -178,6 +178,20 @@ def test_sparse_attention_flash_sizes(gen, s):
     assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, "sparse attention")
 
 
+@pytest.mark.parametrize("s", [1, 20, 40, 67])
+@pytest.mark.parametrize("ahead", [1, 3, 16])
+def test_sparse_attention_prefetch_is_only_a_hint(gen, s, ahead):
+    """The L2 prefetch (PREFETCH key blocks ahead, past the split's end and into the window
+    blocks) changes no bit of the output against the same launch without it: decode splits of
+    one block (1 row), the batch form's 32- and 64-key blocks over several splits (20, 40 rows)
+    and unsplit (67 rows)."""
+    args = cuda(*attention_inputs(gen, s))
+    poison_allocator()
+    want = attn_kernel.SparseAttentionLauncher(overrides={"PREFETCH": 0})(*args)
+    got = attn_kernel.SparseAttentionLauncher(overrides={"PREFETCH": ahead})(*args)
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("barrier", [True, False])
 @pytest.mark.parametrize("tokens,n_split", [(1, None), (7, None), (64, None), (300, None), (300, 1),
                                             (5000, None)])

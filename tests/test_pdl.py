@@ -36,6 +36,9 @@ def test_memory_before_wait_finds_loads_stores_and_atomics_only_before_the_wait(
                                            "st.global.b32"]
     first = PTX.split("\t@%p1")[0] + "\tgriddepcontrol.wait;\n" + "\t@%p1" + PTX.split("\t@%p1")[1]
     assert memory_before_wait(first) == []  # parameter loads before the wait are fine
+    # an L2 hint from inline asm sits mid-line, inside braces
+    hint = PTX.replace("\tgriddepcontrol.wait;", "\t{ .reg .pred p; @p prefetch.global.L2 [%rd4]; }\n\tgriddepcontrol.wait;")
+    assert memory_before_wait(hint)[-1] == "prefetch.global.L2"
 
 
 def test_pdl_is_off_where_the_gpu_cannot_do_it():

@@ -27,6 +27,7 @@ from dsflash.plugins.launch import (
     check_dtype,
     check_interpreter_dot,
     check_shape,
+    interpreting,
     next_pow2,
     require,
 )
@@ -52,15 +53,49 @@ def _attend_block(acc, m_i, l_i, q, kv, valid, scale, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_l2(ptrs, mask):
+    """prefetch.global.L2 of the 128-byte line at each pointer where mask holds: a hint that
+    returns at once, so the lines of later key blocks come from HBM while this program computes
+    (the software pipeline's copies hold one block at a time in shared memory). No interpreter
+    form: launchers pass PREFETCH=0 there."""
+    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+                              "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_key_block(blk, last, row, b, N, T, K, sel_blocks, idx_ptr, kv_ptr, win_ptr,
+                        D: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Prefetch key block `blk` of a query row (a selected block, or a window block from
+    sel_blocks on) into L2, one hint per 128-byte line; nothing from `last` on. Masks, no
+    branches: it sits in the pipelined loops."""
+    LINE: tl.constexpr = 128 * 8 // kv_ptr.dtype.element_ty.primitive_bitwidth  # elements per line
+    LINES: tl.constexpr = BLOCK_D // LINE if BLOCK_D > LINE else 1
+    kk = tl.arange(0, BLOCK_K)
+    line = tl.arange(0, LINES) * LINE
+    line_ok = (line < D)[None, :]
+    k = blk * BLOCK_K + kk
+    sel = tl.load(idx_ptr + row * K + k, mask=(blk < last) & (k < K), other=-1)
+    sel_ok = (sel >= 0) & (sel < N)
+    _prefetch_l2(kv_ptr + (b * N + sel[:, None]) * D + line[None, :], sel_ok[:, None] & line_ok)
+    t = (blk - sel_blocks) * BLOCK_K + kk
+    win_ok = (blk < last) & (blk >= sel_blocks) & (t < T)
+    _prefetch_l2(win_ptr + (b * T + t[:, None]) * D + line[None, :], win_ok[:, None] & line_ok)
+
+
+@triton.jit
 def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sink_ptr, S, N, T, K,
                                  blocks_per_split, out_ptr, acc_ptr, ml_ptr,
                                  H: tl.constexpr, D: tl.constexpr, SCALE: tl.constexpr,
                                  BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-                                 SPLIT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False):
+                                 SPLIT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False,
+                                 PREFETCH: tl.constexpr = 0):
     # TensorRT's AOT order (inputs, integer scalars, outputs): the unsplit plugin passes out_ptr
     # (acc_ptr / ml_ptr compiled as None), the split plugin acc_ptr [B,S,P,H,D] and ml_ptr
     # [B,S,P,2,H] (out_ptr None). Contiguous tensors, so strides follow from the sizes; the
-    # softmax scale is a compile-time constant (an attribute).
+    # softmax scale is a compile-time constant (an attribute). PREFETCH > 0: each loop step first
+    # hints the key block PREFETCH blocks ahead into L2 (_prefetch_key_block), after the first
+    # PREFETCH blocks were hinted before the loops, so more of the gather is in flight than the
+    # shared-memory stages hold.
     wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     b = row // S
@@ -83,7 +118,14 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
     n_blocks = sel_blocks + tl.cdiv(T, BLOCK_K)
     first = tl.program_id(2) * blocks_per_split
     last = tl.minimum(first + blocks_per_split, n_blocks)
+    if PREFETCH > 0:
+        for ahead in range(first, first + PREFETCH):
+            _prefetch_key_block(ahead, last, b * S + s, b, N, T, K, sel_blocks, idx_ptr, kv_ptr, win_ptr,
+                                D, BLOCK_K, BLOCK_D)
     for blk in range(first, tl.minimum(last, sel_blocks)):
+        if PREFETCH > 0:
+            _prefetch_key_block(blk + PREFETCH, last, b * S + s, b, N, T, K, sel_blocks, idx_ptr, kv_ptr,
+                                win_ptr, D, BLOCK_K, BLOCK_D)
         k = blk * BLOCK_K + kk
         sel = tl.load(idx_ptr + (b * S + s) * K + k, mask=k < K, other=-1)
         valid = (sel >= 0) & (sel < N)  # idx -1 = none, as is anything outside [0, N)
@@ -91,6 +133,9 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
                      mask=valid[:, None] & dmask[None, :], other=0.0)
         acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, kv, valid, SCALE, IEEE)
     for blk in range(tl.maximum(first, sel_blocks), last):
+        if PREFETCH > 0:
+            _prefetch_key_block(blk + PREFETCH, last, b * S + s, b, N, T, K, sel_blocks, idx_ptr, kv_ptr,
+                                win_ptr, D, BLOCK_K, BLOCK_D)
         t = (blk - sel_blocks) * BLOCK_K + kk
         valid = tl.load(wmask_ptr + (b * S + s) * T + t, mask=t < T, other=0) != 0
         kv = tl.load(win_ptr + (b * T + t[:, None]) * D + dd[None, :],
@@ -179,6 +224,13 @@ class SparseAttentionLauncher(LauncherBase):
     def _config(self, q: torch.Tensor) -> tuple[dict, dict]:
         b, s, h, d = q.shape
         cfg = launch_config(h, d, q.dtype, rows=b * s) | self._overrides
+        ahead = cfg.get("PREFETCH", 0)
+        require(isinstance(ahead, int) and ahead >= 0,
+                f"Csa2SparseAttention: PREFETCH {ahead!r} must be an int >= 0 (key blocks hinted ahead)")
+        if interpreting():  # the L2 hint is inline PTX, which the interpreter cannot run
+            require("PREFETCH" not in self._overrides or ahead == 0,
+                    f"Csa2SparseAttention: PREFETCH {ahead} needs a GPU; the interpreter runs 0 only")
+            cfg["PREFETCH"] = 0
         return cfg, pdl_launch_args(q.device, {"PDL": cfg.pop("PDL", True)})
 
     def __call__(self, q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale: float,
