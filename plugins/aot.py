@@ -144,6 +144,14 @@ def pipelined_copies(ttgir: str) -> list[tuple[tuple[int, ...], str]]:
     return [(tuple(int(d) for d in dims.rstrip("x").split("x")), elem) for dims, elem in found]
 
 
+def loop_async_waits(ttgir: str) -> list[list[int]]:
+    """For each loop (scf.for) of a TTGIR listing in order, the `num` of every async_wait between
+    its head and its first scf.yield: how many asynchronous copy groups the step leaves in flight
+    when it waits (0: it waits for every copy it issued). Meant for loops without inner loops."""
+    bodies = [part.split("scf.yield", 1)[0] for part in ttgir.split("scf.for")[1:]]
+    return [[int(n) for n in re.findall(r"ttg\.async_wait\b[^\n]*\{num = (\d+)", body)] for body in bodies]
+
+
 def operand_loads(ttgir: str) -> list[tuple[tuple[int, ...], str, int]]:
     """(shape, element type, operand index) of every shared-memory load into a tensor-core dot
     operand's register layout in a TTGIR listing, e.g. ((64, 32), "f32", 0)."""

@@ -147,6 +147,11 @@ def pdl_kernel_specs() -> dict:
         "attention_batch": (attention.csa2_sparse_attention_kernel, attention_trt.kernel_signature(bf16),
                             {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True}
                             | constants(attention.launch_config(64, 512, bf16, rows=64))),
+        # the gather options of the batch form: the ids a loop step ahead, L2 hints ahead
+        "attention_gather_ahead": (attention.csa2_sparse_attention_kernel, attention_trt.kernel_signature(bf16),
+                                   {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True}
+                                   | constants(attention.launch_config(64, 512, bf16, rows=64))
+                                   | {"BLOCK_K": 32, "INDEX_AHEAD": True, "PREFETCH": 4}),
         # kv_qat's FP4 entries: the selected rows decoded for the attention
         "entries_fp4": (entries_fp4.csa2_entries_fp4_kernel, entries_trt.kernel_signature(bf16),
                         {"C": 256, "CP": 256, "ROWS": entries_fp4.ROWS}),

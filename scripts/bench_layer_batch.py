@@ -354,18 +354,35 @@ def attn_sweep(batch: int, ctx: int, gen: torch.Generator, configs: list[dict]) 
 
 
 def parse_attn_configs(text: str) -> list[dict]:
-    """'BLOCK_H:BLOCK_K:num_warps:num_stages[:SPLITS]' entries, comma-separated (SPLITS: key splits
-    per row instead of the launcher's plan)."""
+    """'BLOCK_H:BLOCK_K:num_warps:num_stages[:SPLITS][:a][:pN]' entries, comma-separated (SPLITS:
+    key splits per row instead of the launcher's plan; a: INDEX_AHEAD, the selected entries' ids
+    loaded a loop step ahead; pN: PREFETCH N, key blocks hinted into L2 ahead)."""
+    form = "BLOCK_H:BLOCK_K:num_warps:num_stages[:SPLITS][:a][:pN]"
     configs = []
     for item in filter(None, text.split(",")):
         parts = item.split(":")
-        if len(parts) not in (4, 5) or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise ValueError(f"attention config {item!r} is not "
-                             "BLOCK_H:BLOCK_K:num_warps:num_stages[:SPLITS]")
-        bh, bk, warps, stages = map(int, parts[:4])
+        head, tail = parts[:4], parts[4:]
+        if len(head) != 4 or not all(p.isdigit() and int(p) > 0 for p in head):
+            raise ValueError(f"attention config {item!r} is not {form}")
+        bh, bk, warps, stages = map(int, head)
         cfg = {"BLOCK_H": bh, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
-        configs.append(cfg | ({"n_split": int(parts[4])} if len(parts) == 5 else {}))
+        if tail and tail[0].isdigit() and int(tail[0]) > 0:
+            cfg["n_split"] = int(tail.pop(0))
+        for flag in tail:
+            if flag == "a" and "INDEX_AHEAD" not in cfg:
+                cfg["INDEX_AHEAD"] = True
+            elif flag[:1] == "p" and prefetch_distance(flag[1:]) and "PREFETCH" not in cfg:
+                cfg["PREFETCH"] = int(flag[1:])
+            else:
+                raise ValueError(f"attention config {item!r} is not {form}")
+        configs.append(cfg)
     return configs
+
+
+def prefetch_distance(text: str) -> bool:
+    """Whether `text` is a PREFETCH the kernel takes besides 0: a power of two (one load of that
+    many blocks' ids)."""
+    return text.isdigit() and int(text) > 0 and int(text) & (int(text) - 1) == 0
 
 
 def with_prefetch(configs: list[dict], text: str) -> list[dict]:
@@ -374,8 +391,8 @@ def with_prefetch(configs: list[dict], text: str) -> list[dict]:
     if not text:
         return configs
     ahead = text.split(",")
-    if not all(a.isdigit() for a in ahead):
-        raise ValueError(f"--attn-prefetch {text!r} is not comma-separated ints >= 0")
+    if not all(a == "0" or prefetch_distance(a) for a in ahead):
+        raise ValueError(f"--attn-prefetch {text!r} is not comma-separated ints, each 0 or a power of two")
     return [cfg | {"PREFETCH": int(a)} for cfg in configs or [{}] for a in ahead]
 
 
@@ -465,10 +482,11 @@ def main() -> None:
     ap.add_argument("--fp4-configs", default="", help="sweep the FP4 index kernel's launch "
                     "(BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS],...) instead of timing the layers")
     ap.add_argument("--attn-configs", default="", help="sweep the sparse attention's launch "
-                    "(BLOCK_H:BLOCK_K:num_warps:num_stages[:SPLITS],...) instead of timing the layers")
+                    "(BLOCK_H:BLOCK_K:num_warps:num_stages[:SPLITS][:a][:pN],...) instead of timing the "
+                    "layers")
     ap.add_argument("--attn-prefetch", default="", help="sweep the sparse attention's L2 prefetch distance "
-                    "(key blocks ahead, comma-separated ints >= 0) over the launcher default and each "
-                    "--attn-configs entry")
+                    "(key blocks ahead: 0 or powers of two, comma-separated) over the launcher default and "
+                    "each --attn-configs entry")
     ap.add_argument("--plot-from", default="", help="only draw the figure of a saved bench_layer_batch.json "
                     "into --out (no GPU needed)")
     args = ap.parse_args()

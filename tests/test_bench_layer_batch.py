@@ -45,8 +45,12 @@ def test_layer_bytes_grow_with_the_batch_and_bound_the_speed_ups(bench):
     (["--fp4-configs", "64:4:4:0:x"], "is not BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS]"),
     (["--fp4-configs", "64:4:4:0:rx"], "is not BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS]"),
     (["--attn-configs", "64:32:8"], "attention config '64:32:8' is not BLOCK_H:BLOCK_K:num_warps:num_stages"),
-    (["--attn-configs", "64:32:8:0"], "is not BLOCK_H:BLOCK_K:num_warps:num_stages[:SPLITS]"),
-    (["--attn-prefetch", "2,-1"], "--attn-prefetch '2,-1' is not comma-separated ints >= 0"),
+    (["--attn-configs", "64:32:8:0"], "is not BLOCK_H:BLOCK_K:num_warps:num_stages[:SPLITS][:a][:pN]"),
+    (["--attn-configs", "64:32:8:4:a:a"], "attention config '64:32:8:4:a:a' is not"),
+    (["--attn-configs", "64:32:8:4:px"], "attention config '64:32:8:4:px' is not"),
+    (["--attn-prefetch", "2,-1"], "--attn-prefetch '2,-1' is not comma-separated ints, each 0 or a power"),
+    (["--attn-prefetch", "3"], "--attn-prefetch '3' is not"),
+    (["--attn-configs", "64:32:8:4:p3"], "attention config '64:32:8:4:p3' is not"),
     (["--topk-digits", "8-8-8"], "digit widths (8, 8, 8) must be 1..11 bits each and add up to 32"),
     (["--topk-digits", "16-16"], "digit widths (16, 16) must be"),
 ])
@@ -86,9 +90,12 @@ def test_sweep_settings_spell_out_the_launches(bench):
         "collect chunk": {"COLLECT": "chunk"}, "collect live": {"COLLECT": "live"},
         "collect live, rank block 4": {"COLLECT": "live", "RANK_BLOCK": 4},
         "collect live, rank block 64": {"COLLECT": "live", "RANK_BLOCK": 64}}
-    assert bench.parse_attn_configs("16:32:4:3,64:16:8:2:5") == [
+    assert bench.parse_attn_configs("16:32:4:3,64:16:8:2:5,64:32:8:4:a,64:16:8:8:2:a:p4") == [
         {"BLOCK_H": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3},
-        {"BLOCK_H": 64, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2, "n_split": 5}]
+        {"BLOCK_H": 64, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2, "n_split": 5},
+        {"BLOCK_H": 64, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4, "INDEX_AHEAD": True},
+        {"BLOCK_H": 64, "BLOCK_K": 16, "num_warps": 8, "num_stages": 8, "n_split": 2, "INDEX_AHEAD": True,
+         "PREFETCH": 4}]
     # --attn-prefetch: each distance over the launcher default, or over each config
     assert bench.with_prefetch([], "0,4") == [{"PREFETCH": 0}, {"PREFETCH": 4}]
     assert bench.with_prefetch([{"BLOCK_K": 32}], "2") == [{"BLOCK_K": 32, "PREFETCH": 2}]

@@ -329,7 +329,12 @@ def test_fp4_key_decode_bf16_is_exact(gen, j):
     # 40 rows of 64 wide heads in the batch form's blocks (one 64-head block, 8 warps, 2 stages),
     # 3 splits; on a GPU bf16 takes that form by itself (launch_config), fp32 never does
     (2, 20, 64, 256, 50, 40, 30, None, {}),
-    (2, 20, 64, 256, 50, 40, 30, 3, {"BLOCK_H": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2})])
+    (2, 20, 64, 256, 50, 40, 30, 3, {"BLOCK_H": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2}),
+    # the ids of the selected entries loaded a step ahead: runs of several selected blocks per
+    # split, a split holding the last selected block and the first window block, one split
+    (2, 3, 20, 40, 90, 50, 60, 4, {"BLOCK_K": 16, "BLOCK_H": 16, "INDEX_AHEAD": True}),
+    (1, 2, 20, 40, 90, 50, 30, 7, {"BLOCK_K": 16, "BLOCK_H": 16, "INDEX_AHEAD": True}),
+    (1, 1, 16, 64, 300, 70, 75, 1, {"BLOCK_K": 16, "INDEX_AHEAD": True})])
 def test_sparse_attention_kernel(gen, dtype, b, s, h, d, n, k, t, n_split, cfg):
     q = torch.randn(b, s, h, d, generator=gen).to(dtype)
     kv = torch.randn(b, n, d, generator=gen).to(dtype)
@@ -365,15 +370,19 @@ def test_sparse_attention_batch_form_rule():
     assert [attn_splits.split_count(r, 1, 132) for r in (16, 32, 40, 64, 66, 67, 200)] == [8, 4, 3, 2, 2, 1, 1]
 
 
-@pytest.mark.parametrize("ahead,message", [(-1, "PREFETCH -1 must be an int >= 0"),
-                                           (1.5, "PREFETCH 1.5 must be an int >= 0")]
-                         + ([(2, "PREFETCH 2 needs a GPU; the interpreter runs 0 only")] if interpreting() else []))
-def test_sparse_attention_refuses_bad_prefetch(gen, ahead, message):
-    """A negative or fractional prefetch distance is refused before any launch, naming it; so is
-    any distance in the interpreter, which cannot run the inline PTX hint."""
+@pytest.mark.parametrize("over,message", [
+    ({"PREFETCH": -1}, "PREFETCH -1 must be 0 or a power of two"),
+    ({"PREFETCH": 3}, "PREFETCH 3 must be 0 or a power of two"),
+    ({"PREFETCH": 1.5}, "PREFETCH 1.5 must be 0 or a power of two"),
+    ({"INDEX_AHEAD": 1}, "INDEX_AHEAD 1 must be True or False")]
+    + ([({"PREFETCH": 2}, "PREFETCH 2 needs a GPU; the interpreter runs 0 only")] if interpreting() else []))
+def test_sparse_attention_refuses_bad_gather_options(gen, over, message):
+    """A prefetch distance that is not 0 or a power of two (one load of that many blocks' ids) is
+    refused before any launch, naming it, as is any distance in the interpreter, which cannot run
+    the inline PTX hint; INDEX_AHEAD takes booleans only."""
     args = attention_case(gen, torch.float32, 1, 2, 4, 32, 20, 5, 3)
     with pytest.raises(ValueError, match=re.escape(message)):
-        attn_kernel.SparseAttentionLauncher(overrides={"PREFETCH": ahead})(*_dev(*args))
+        attn_kernel.SparseAttentionLauncher(overrides=over)(*_dev(*args))
 
 
 def attention_case(gen, dtype, b, s, h, d, n, k, t):

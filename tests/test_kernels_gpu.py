@@ -178,18 +178,36 @@ def test_sparse_attention_flash_sizes(gen, s):
     assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, "sparse attention")
 
 
+GATHER_OPTIONS = {"prefetch 1": {"PREFETCH": 1}, "prefetch 4": {"PREFETCH": 4},
+                  "prefetch 16": {"PREFETCH": 16}, "ids ahead": {"INDEX_AHEAD": True},
+                  "ids ahead, prefetch 4": {"INDEX_AHEAD": True, "PREFETCH": 4}}
+
+
 @pytest.mark.parametrize("s", [1, 20, 40, 67])
-@pytest.mark.parametrize("ahead", [1, 3, 16])
-def test_sparse_attention_prefetch_is_only_a_hint(gen, s, ahead):
+@pytest.mark.parametrize("option", sorted(GATHER_OPTIONS))
+def test_sparse_attention_gather_options_change_no_bit(gen, s, option):
     """The L2 prefetch (PREFETCH key blocks ahead, past the split's end and into the window
-    blocks) changes no bit of the output against the same launch without it: decode splits of
-    one block (1 row), the batch form's 32- and 64-key blocks over several splits (20, 40 rows)
-    and unsplit (67 rows)."""
+    blocks) and the ids loaded a step ahead (INDEX_AHEAD) change only when bytes arrive: the same
+    output, bit for bit, as the same launch without them. Decode splits of one block (1 row), the
+    batch form's 32- and 64-key blocks over several splits (20, 40 rows) and unsplit (67 rows)."""
     args = cuda(*attention_inputs(gen, s))
     poison_allocator()
-    want = attn_kernel.SparseAttentionLauncher(overrides={"PREFETCH": 0})(*args)
-    got = attn_kernel.SparseAttentionLauncher(overrides={"PREFETCH": ahead})(*args)
+    want = attn_kernel.SparseAttentionLauncher()(*args)
+    got = attn_kernel.SparseAttentionLauncher(overrides=GATHER_OPTIONS[option])(*args)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("s", [20, 67])
+@pytest.mark.parametrize("keys,stages", [(32, 4), (16, 8)])
+def test_sparse_attention_deep_pipeline_flash_sizes(gen, s, keys, stages):
+    """The batch form with the ids a step ahead and deeper pipelines (several row copies in
+    flight in the selected loop) against the reference; 196 KB of shared memory."""
+    args = attention_inputs(gen, s)
+    poison_allocator()
+    over = {"BLOCK_H": 64, "BLOCK_K": keys, "num_warps": 8, "num_stages": stages, "INDEX_AHEAD": True}
+    got = attn_kernel.SparseAttentionLauncher(overrides=over)(*cuda(*args))
+    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16,
+                          f"sparse attention, {keys}-key blocks, {stages} stages, ids ahead")
 
 
 @pytest.mark.parametrize("barrier", [True, False])

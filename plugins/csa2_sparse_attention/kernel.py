@@ -58,27 +58,29 @@ def _prefetch_l2(ptrs, mask):
     returns at once, so the lines of later key blocks come from HBM while this program computes
     (the software pipeline's copies hold one block at a time in shared memory). No interpreter
     form: launchers pass PREFETCH=0 there."""
-    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; "
+                              "@p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
                               "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
-def _prefetch_key_block(blk, last, row, b, N, T, K, sel_blocks, idx_ptr, kv_ptr, win_ptr,
-                        D: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Prefetch key block `blk` of a query row (a selected block, or a window block from
-    sel_blocks on) into L2, one hint per 128-byte line; nothing from `last` on. Masks, no
-    branches: it sits in the pipelined loops."""
+def _prefetch_keys(blk, last, row, b, N, T, K, sel_blocks, idx_ptr, kv_ptr, win_ptr, D: tl.constexpr,
+                   BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCKS: tl.constexpr):
+    """Prefetch key blocks blk .. blk + BLOCKS - 1 of a query row (selected blocks, then window
+    blocks from sel_blocks on) into L2, one hint per 128-byte line, nothing from `last` on: one
+    load of their entry ids, then the hints (a loop of one block at a time would wait for each
+    block's ids in turn). Masks, no branches: it also sits in the pipelined loops."""
     LINE: tl.constexpr = 128 * 8 // kv_ptr.dtype.element_ty.primitive_bitwidth  # elements per line
     LINES: tl.constexpr = BLOCK_D // LINE if BLOCK_D > LINE else 1
-    kk = tl.arange(0, BLOCK_K)
+    pos = blk * BLOCK_K + tl.arange(0, BLOCKS * BLOCK_K)  # key positions in the row's block list
+    in_blk = pos // BLOCK_K
     line = tl.arange(0, LINES) * LINE
     line_ok = (line < D)[None, :]
-    k = blk * BLOCK_K + kk
-    sel = tl.load(idx_ptr + row * K + k, mask=(blk < last) & (k < K), other=-1)
+    sel = tl.load(idx_ptr + row * K + pos, mask=(in_blk < last) & (pos < K), other=-1)
     sel_ok = (sel >= 0) & (sel < N)
     _prefetch_l2(kv_ptr + (b * N + sel[:, None]) * D + line[None, :], sel_ok[:, None] & line_ok)
-    t = (blk - sel_blocks) * BLOCK_K + kk
-    win_ok = (blk < last) & (blk >= sel_blocks) & (t < T)
+    t = pos - sel_blocks * BLOCK_K
+    win_ok = (in_blk < last) & (in_blk >= sel_blocks) & (t < T)
     _prefetch_l2(win_ptr + (b * T + t[:, None]) * D + line[None, :], win_ok[:, None] & line_ok)
 
 
@@ -88,14 +90,20 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
                                  H: tl.constexpr, D: tl.constexpr, SCALE: tl.constexpr,
                                  BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
                                  SPLIT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False,
-                                 PREFETCH: tl.constexpr = 0):
+                                 PREFETCH: tl.constexpr = 0, INDEX_AHEAD: tl.constexpr = False):
     # TensorRT's AOT order (inputs, integer scalars, outputs): the unsplit plugin passes out_ptr
     # (acc_ptr / ml_ptr compiled as None), the split plugin acc_ptr [B,S,P,H,D] and ml_ptr
     # [B,S,P,2,H] (out_ptr None). Contiguous tensors, so strides follow from the sizes; the
-    # softmax scale is a compile-time constant (an attribute). PREFETCH > 0: each loop step first
-    # hints the key block PREFETCH blocks ahead into L2 (_prefetch_key_block), after the first
-    # PREFETCH blocks were hinted before the loops, so more of the gather is in flight than the
-    # shared-memory stages hold.
+    # softmax scale is a compile-time constant (an attribute).
+    # INDEX_AHEAD: the selected loop loads the next block's entry ids one step ahead into
+    # registers. Loaded in the step that uses them, Triton's software pipeline copies the ids
+    # and the rows they point at asynchronously and waits for every copy at the top of each step
+    # (TTGIR async_wait num = 0 at any num_stages, ptxas for sm_90a), so the gather of block i + 1
+    # overlaps block i's last product only; carried ahead, the ids are plain loads and the wait
+    # leaves num_stages - 2 row copies in flight (num = 2 at 4 stages), as in the window loop.
+    # PREFETCH > 0 (a power of two): the first PREFETCH key blocks are hinted into L2 before the
+    # loops and each step hints the block PREFETCH ahead (_prefetch_keys), so more of the gather
+    # is in flight than the shared-memory stages hold.
     wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     b = row // S
@@ -118,24 +126,32 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
     n_blocks = sel_blocks + tl.cdiv(T, BLOCK_K)
     first = tl.program_id(2) * blocks_per_split
     last = tl.minimum(first + blocks_per_split, n_blocks)
+    sel_end = tl.minimum(last, sel_blocks)
     if PREFETCH > 0:
-        for ahead in range(first, first + PREFETCH):
-            _prefetch_key_block(ahead, last, b * S + s, b, N, T, K, sel_blocks, idx_ptr, kv_ptr, win_ptr,
-                                D, BLOCK_K, BLOCK_D)
-    for blk in range(first, tl.minimum(last, sel_blocks)):
+        _prefetch_keys(first, last, b * S + s, b, N, T, K, sel_blocks, idx_ptr, kv_ptr, win_ptr, D,
+                       BLOCK_K, BLOCK_D, PREFETCH)
+    if INDEX_AHEAD:
+        k = first * BLOCK_K + kk
+        sel_next = tl.load(idx_ptr + (b * S + s) * K + k, mask=(k < K) & (first < sel_end), other=-1)
+    for blk in range(first, sel_end):
         if PREFETCH > 0:
-            _prefetch_key_block(blk + PREFETCH, last, b * S + s, b, N, T, K, sel_blocks, idx_ptr, kv_ptr,
-                                win_ptr, D, BLOCK_K, BLOCK_D)
-        k = blk * BLOCK_K + kk
-        sel = tl.load(idx_ptr + (b * S + s) * K + k, mask=k < K, other=-1)
+            _prefetch_keys(blk + PREFETCH, last, b * S + s, b, N, T, K, sel_blocks, idx_ptr, kv_ptr,
+                           win_ptr, D, BLOCK_K, BLOCK_D, 1)
+        if INDEX_AHEAD:
+            sel = sel_next
+            k = (blk + 1) * BLOCK_K + kk
+            sel_next = tl.load(idx_ptr + (b * S + s) * K + k, mask=(k < K) & (blk + 1 < sel_end), other=-1)
+        else:
+            k = blk * BLOCK_K + kk
+            sel = tl.load(idx_ptr + (b * S + s) * K + k, mask=k < K, other=-1)
         valid = (sel >= 0) & (sel < N)  # idx -1 = none, as is anything outside [0, N)
         kv = tl.load(kv_ptr + (b * N + sel[:, None]) * D + dd[None, :],
                      mask=valid[:, None] & dmask[None, :], other=0.0)
         acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, kv, valid, SCALE, IEEE)
     for blk in range(tl.maximum(first, sel_blocks), last):
         if PREFETCH > 0:
-            _prefetch_key_block(blk + PREFETCH, last, b * S + s, b, N, T, K, sel_blocks, idx_ptr, kv_ptr,
-                                win_ptr, D, BLOCK_K, BLOCK_D)
+            _prefetch_keys(blk + PREFETCH, last, b * S + s, b, N, T, K, sel_blocks, idx_ptr, kv_ptr,
+                           win_ptr, D, BLOCK_K, BLOCK_D, 1)
         t = (blk - sel_blocks) * BLOCK_K + kk
         valid = tl.load(wmask_ptr + (b * S + s) * T + t, mask=t < T, other=0) != 0
         kv = tl.load(win_ptr + (b * T + t[:, None]) * D + dd[None, :],
@@ -225,8 +241,11 @@ class SparseAttentionLauncher(LauncherBase):
         b, s, h, d = q.shape
         cfg = launch_config(h, d, q.dtype, rows=b * s) | self._overrides
         ahead = cfg.get("PREFETCH", 0)
-        require(isinstance(ahead, int) and ahead >= 0,
-                f"Csa2SparseAttention: PREFETCH {ahead!r} must be an int >= 0 (key blocks hinted ahead)")
+        require(isinstance(ahead, int) and ahead >= 0 and ahead & (ahead - 1) == 0,
+                f"Csa2SparseAttention: PREFETCH {ahead!r} must be 0 or a power of two (key blocks hinted "
+                f"ahead)")
+        require(isinstance(cfg.get("INDEX_AHEAD", False), bool),
+                f"Csa2SparseAttention: INDEX_AHEAD {cfg.get('INDEX_AHEAD')!r} must be True or False")
         if interpreting():  # the L2 hint is inline PTX, which the interpreter cannot run
             require("PREFETCH" not in self._overrides or ahead == 0,
                     f"Csa2SparseAttention: PREFETCH {ahead} needs a GPU; the interpreter runs 0 only")
@@ -244,7 +263,7 @@ class SparseAttentionLauncher(LauncherBase):
         head_blocks = cdiv(h, cfg["BLOCK_H"])
         target = cdiv(2 * self._sms(q_BSHD.device), head_blocks)
         batch = splits.batch_form(h, d, b * s, ieee=q_BSHD.dtype == torch.float32)
-        if n_split is None and batch and "BLOCK_H" not in self._overrides:
+        if n_split is None and batch and head_blocks == 1:  # all heads in one program (also in sweeps)
             n_split = splits.split_count(b * s, head_blocks, self._sms(q_BSHD.device))
         per, n_split = splits.split_plan(b * s, idx_BSK.shape[2], win_kv_BTD.shape[1], d, cfg["BLOCK_K"],
                                          target, n_split)
