@@ -48,8 +48,8 @@ def pdl_launch_args(device: torch.device, overrides: dict | None = None) -> dict
 
 def memory_before_wait(ptx: str) -> list[str]:
     """The global-memory instructions (loads, stores, atomics, prefetches, async copies) a kernel's
-    PTX issues before its first griddepcontrol.wait, in order; all of them when there is no wait. Parameter
-    loads (ld.param) do not count: the launch fixes them. Empty for a correct PDL kernel."""
+    PTX issues before its first griddepcontrol.wait, in order; all of them when there is no wait.
+    Parameter loads (ld.param) do not count: the launch fixes them. Empty for a correct PDL kernel."""
     body = ptx.split(".entry", 1)[-1]
     wait = body.find("griddepcontrol.wait")
     head = body if wait < 0 else body[:wait]
@@ -148,10 +148,11 @@ def pdl_kernel_specs() -> dict:
                             {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True}
                             | constants(attention.launch_config(64, 512, bf16, rows=64))),
         # the gather options of the batch form: the ids a loop step ahead, L2 hints ahead
-        "attention_gather_ahead": (attention.csa2_sparse_attention_kernel, attention_trt.kernel_signature(bf16),
-                                   {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True}
-                                   | constants(attention.launch_config(64, 512, bf16, rows=64))
-                                   | {"BLOCK_K": 32, "INDEX_AHEAD": True, "PREFETCH": 4}),
+        "attention_gather_ahead": (
+            attention.csa2_sparse_attention_kernel, attention_trt.kernel_signature(bf16),
+            {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True}
+            | constants(attention.launch_config(64, 512, bf16, rows=64))
+            | {"BLOCK_K": 32, "INDEX_AHEAD": True, "PREFETCH": 4}),
         # kv_qat's FP4 entries: the selected rows decoded for the attention
         "entries_fp4": (entries_fp4.csa2_entries_fp4_kernel, entries_trt.kernel_signature(bf16),
                         {"C": 256, "CP": 256, "ROWS": entries_fp4.ROWS}),

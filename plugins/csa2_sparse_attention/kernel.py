@@ -98,7 +98,7 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
     # INDEX_AHEAD: the selected loop loads the next block's entry ids one step ahead into
     # registers. Loaded in the step that uses them, Triton's software pipeline copies the ids
     # and the rows they point at asynchronously and waits for every copy at the top of each step
-    # (TTGIR async_wait num = 0 at any num_stages, ptxas for sm_90a), so the gather of block i + 1
+    # (sm_90 TTGIR: async_wait num = 0 at any num_stages), so the gather of block i + 1
     # overlaps block i's last product only; carried ahead, the ids are plain loads and the wait
     # leaves num_stages - 2 row copies in flight (num = 2 at 4 stages), as in the window loop.
     # PREFETCH > 0 (a power of two): the first PREFETCH key blocks are hinted into L2 before the
