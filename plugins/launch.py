@@ -69,6 +69,14 @@ def next_pow2(n: int, floor: int = 1) -> int:
     return max(floor, 1 << max(0, int(n) - 1).bit_length())
 
 
+def is_pow2(value, zero_ok: bool = False) -> bool:
+    """Whether `value` is an int power of two (tl.arange's sizes), or 0 where `zero_ok` (a
+    setting that switches something off); booleans are not sizes."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return False
+    return (value >= 1 and value & (value - 1) == 0) or (zero_ok and value == 0)
+
+
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 HALF_FLOATS = (torch.bfloat16, torch.float16)  # 16-bit operands (tensor-core tiles, async copies)
 

@@ -74,6 +74,7 @@ from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
 from dsflash.plugins.csa2_index_score.pooled_fp4 import csa2_index_score_fp4_pooled
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
 from dsflash.plugins.csa2_sparse_attention.entries_fp4 import csa2_entries_fp4
+from dsflash.plugins.launch import is_pow2
 from dsflash.plugins.stable_topk.kernel import StableTopkLauncher, digit_passes
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
@@ -382,7 +383,7 @@ def parse_attn_configs(text: str) -> list[dict]:
 def prefetch_distance(text: str) -> bool:
     """Whether `text` is a PREFETCH the kernel takes besides 0: a power of two (one load of that
     many blocks' ids)."""
-    return text.isdigit() and int(text) > 0 and int(text) & (int(text) - 1) == 0
+    return text.isdigit() and is_pow2(int(text))
 
 
 def with_prefetch(configs: list[dict], text: str) -> list[dict]:

@@ -18,7 +18,9 @@ import logging
 
 log = logging.getLogger("check_attention_pipeline")
 
-H200_SHARED_PER_PROGRAM = 232_448  # bytes: 227 KB of opt-in shared memory per block (sm_90)
+# bytes: 227 KB, the most shared memory one block can opt in to on compute capability 9.0 (CUDA C++
+# Programming Guide, "Technical Specifications per Compute Capability")
+H200_SHARED_PER_PROGRAM = 232_448
 
 
 def settings() -> dict:

@@ -385,6 +385,15 @@ def test_sparse_attention_refuses_bad_gather_options(gen, over, message):
         attn_kernel.SparseAttentionLauncher(overrides=over)(*_dev(*args))
 
 
+def test_is_pow2_takes_int_powers_of_two_and_zero_only_where_asked():
+    """The launchers' check of size overrides (tl.arange's sizes)."""
+    from dsflash.plugins.launch import is_pow2
+
+    assert [v for v in (1, 2, 3, 4, 6, 64, 96, 1024) if is_pow2(v)] == [1, 2, 4, 64, 1024]
+    assert not any(is_pow2(v) for v in (0, -2, 2.0, "4", True, None))
+    assert is_pow2(0, zero_ok=True) and not is_pow2(-4, zero_ok=True)
+
+
 def attention_case(gen, dtype, b, s, h, d, n, k, t):
     q = torch.randn(b, s, h, d, generator=gen).to(dtype)
     kv = torch.randn(b, n, d, generator=gen).to(dtype)

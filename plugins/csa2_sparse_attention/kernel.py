@@ -28,6 +28,7 @@ from dsflash.plugins.launch import (
     check_interpreter_dot,
     check_shape,
     interpreting,
+    is_pow2,
     next_pow2,
     require,
 )
@@ -241,9 +242,8 @@ class SparseAttentionLauncher(LauncherBase):
         b, s, h, d = q.shape
         cfg = launch_config(h, d, q.dtype, rows=b * s) | self._overrides
         ahead = cfg.get("PREFETCH", 0)
-        require(isinstance(ahead, int) and ahead >= 0 and ahead & (ahead - 1) == 0,
-                f"Csa2SparseAttention: PREFETCH {ahead!r} must be 0 or a power of two (key blocks hinted "
-                f"ahead)")
+        require(is_pow2(ahead, zero_ok=True), f"Csa2SparseAttention: PREFETCH {ahead!r} must be 0 or a power "
+                f"of two (key blocks hinted ahead)")
         require(isinstance(cfg.get("INDEX_AHEAD", False), bool),
                 f"Csa2SparseAttention: INDEX_AHEAD {cfg.get('INDEX_AHEAD')!r} must be True or False")
         if interpreting():  # the L2 hint is inline PTX, which the interpreter cannot run

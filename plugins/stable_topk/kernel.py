@@ -57,7 +57,7 @@ import triton
 import triton.language as tl
 
 from dsflash.plugins.aot import cdiv_expr as cdiv
-from dsflash.plugins.launch import LauncherBase, check_device, check_dtype, next_pow2, require
+from dsflash.plugins.launch import LauncherBase, check_device, check_dtype, is_pow2, next_pow2, require
 from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
 from dsflash.plugins.stable_topk.keys import chunk_keys, clear_histograms, narrowed, place_among, write_picks
 from dsflash.plugins.stable_topk.prefilter import (
@@ -264,8 +264,7 @@ class StableTopkLauncher(LauncherBase):
         """The override `name`, or `default`: a power of two (tl.arange's sizes), or a ValueError
         naming it before any launch (a launch left half done would leave its counters set)."""
         value = self._overrides.get(name, default)
-        require(isinstance(value, int) and value >= 1 and value & (value - 1) == 0,
-                f"StableTopk: {name} must be a power of two, got {value!r}")
+        require(is_pow2(value), f"StableTopk: {name} must be a power of two, got {value!r}")
         return value
 
     def _form(self, n: int, k_out: int, block: int) -> str:
@@ -302,7 +301,8 @@ class StableTopkLauncher(LauncherBase):
         # do not beat (H200 at 128K, k = 512, us for 1 / 8 / 64 rows: whole chunks 13.3 / 23.8 /
         # 99.4, live blocks 13.9 / 19.8 / 77.5; docs/benchmarks.md, session 27)
         collect = self._overrides.get("COLLECT", "chunk" if rows == 1 else "live")
-        require(collect in ("live", "chunk"), f"StableTopk: COLLECT must be 'live' or 'chunk', got {collect!r}")
+        require(collect in ("live", "chunk"),
+                f"StableTopk: COLLECT must be 'live' or 'chunk', got {collect!r}")
         live_blocks = self._pow2("LIVE_BLOCKS", 32)
         cap = k_out * block  # above (k - 1) x block entries cannot be above T (prefilter.py)
         bm_chunk = max(chunk // block, 16)
