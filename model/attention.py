@@ -47,6 +47,22 @@ class StepShared:
     candidate_list_BSP: torch.Tensor | None = None
     # When a dict, each layer stores the selection it attended with (tests and debugging).
     used_topk: dict[int, torch.Tensor] | None = None
+    # rotary tables of the step's rows, per frequency set: (positions, cos, sin)
+    rope: dict[tuple, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+
+    def rope_tables(self, rotary: Rotary, pos_BS: torch.Tensor,
+                    ratio: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of `rotary` at the rows' positions pos_BS, or with `ratio` at the positions
+        of the entries they publish (the first position of each completed group of `ratio`
+        rows; 0 where none completes). Formed once per step and frequency set: every layer of a
+        kind rotates the same rows, each table is ~40 small ops (launches, in a CUDA graph)."""
+        key = (rotary.key, ratio)
+        hit = self.rope.get(key)
+        if hit is None or hit[0] is not pos_BS:
+            at = pos_BS if not ratio else torch.clamp_min(ops.completed_group(pos_BS, ratio), 0) * ratio
+            hit = (pos_BS, *rotary.cos_sin(at))
+            self.rope[key] = hit
+        return hit[1], hit[2]
 
 
 @dataclass
@@ -135,7 +151,7 @@ class CSA2Attention(nn.Module):
     def forward(self, x_BSE, pos_BS, win_kv_BTD, win_pos_BT, win_start_B, shared: StepShared,
                 source: SourceState | None = None):
         cfg, qat = self.cfg, self.cfg.kv_qat
-        cos, sin = self.rotary.cos_sin(pos_BS)
+        cos, sin = shared.rope_tables(self.rotary, pos_BS)
         qr = self.q_norm(self.wq_a(x_BSE))
         q = self.wq_b(qr).unflatten(-1, (cfg.num_attention_heads, cfg.head_dim))
         if cfg.q_head_norm:
@@ -180,7 +196,7 @@ class CSA2Attention(nn.Module):
         m = self.ratio
         latent, su, sz = self.compressor(x_BSE, source)
         group = ops.completed_group(pos_BS, m)
-        cos, sin = self.rotary.cos_sin(torch.clamp_min(group, 0) * m)
+        cos, sin = shared.rope_tables(self.rotary, pos_BS, ratio=m)
         keys = self.indexer.keys(latent, cos, sin, self.cfg.kv_qat)
         entry = {"kv": apply_rope(latent, cos, sin)}
         if self.cfg.kv_qat:  # the release's FP4 entries, stored packed (exactly fp4_e4m3scale_qat's values)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dsflash.model.norm_rope import POSITION_LIMIT
+
 if TYPE_CHECKING:
     from dsflash.model.config import ModelConfig
 
@@ -46,6 +48,10 @@ def validate_config(cfg: ModelConfig) -> None:
     _check_moe(cfg)
     if cfg.scoring_func != "sqrtsoftplus":
         raise ValueError(f"scoring_func={cfg.scoring_func!r} is not supported (only 'sqrtsoftplus')")
+    if not 0 < cfg.max_position_embeddings <= POSITION_LIMIT:
+        raise ValueError(f"max_position_embeddings={cfg.max_position_embeddings} must be in [1, "
+                         f"{POSITION_LIMIT}] (rotary angles are formed from fp32 positions, exact "
+                         "below 2^24)")
     if cfg.rope_scaling is not None and cfg.rope_scaling.get("type", "yarn") != "yarn":
         raise ValueError(f"rope_scaling type {cfg.rope_scaling.get('type')!r} is not supported "
                          "(only 'yarn')")

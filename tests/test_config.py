@@ -61,6 +61,7 @@ def test_released_layout_with_text_config(tmp_path):
     (dict(kv_source_layer_ids=(0, 4), index_source_layer_ids=(0, 4, 6)),
      "KV source layer 0 has compress ratio 0"),
     (dict(sliding_window=0), "sliding_window=0 must be > 0"),
+    (dict(max_position_embeddings=2**24 + 1), r"max_position_embeddings=16777217 must be in \[1, 16777216\]"),
     (dict(engram_num_embeddings=(5,)), "engram_num_embeddings has 1 entries for 2 Engram layers"),
 ])
 def test_invalid_configs_raise(change, message):
