@@ -1,9 +1,10 @@
 """TensorRT plans from a bundle's plugin-flavor graphs (PIPELINE.md §6).
 
 `preflight` lists the custom nodes of a graph and checks each against the plugin registry
-(op, namespace, version, attributes) before anything is parsed, naming what is missing; it needs
-no TensorRT. `optimization_profiles` derives min/opt/max shapes from the contract. `build_plan`
-needs the full TensorRT builder (not installable on the project's machines): it imports the
+(op, namespace, version, attributes) before anything is parsed, naming what is missing, and
+refuses fp64 tensors (`fp64_sources`); it needs no TensorRT. `optimization_profiles` derives
+min/opt/max shapes from the contract. `build_plan` needs the full TensorRT builder (not
+installable on the project's machines): it imports the
 plugin registrations, builds a strongly typed network with the profiles and a timing cache, and
 writes `plans/<graph>.plan` plus the sidecar `plans/plans.json` that TrtEngine checks on load.
 """
@@ -14,6 +15,8 @@ import json
 import logging
 from pathlib import Path
 
+import onnx
+
 from dsflash.export.bundle import Bundle, BundleError, sha256_file
 from dsflash.export.contract import graph_inputs
 from dsflash.plugins.declaration import DOMAIN
@@ -23,11 +26,35 @@ PLAN_DIR = "plans"
 SIDECAR = "plans.json"
 
 
+def fp64_sources(proto) -> list[str]:
+    """Where fp64 values enter a graph: its fp64 inputs and initializers, and the outputs of
+    Constant / ConstantOfShape nodes with fp64 values and of casts to fp64. Every other fp64
+    value is computed from one of these."""
+    dbl = onnx.TensorProto.DOUBLE
+    graph = proto.graph
+    names = [v.name for v in graph.input if v.type.tensor_type.elem_type == dbl]
+    names += [t.name for t in graph.initializer if t.data_type == dbl]
+    for node in graph.node:
+        attrs = {a.name: a for a in node.attribute}
+        if ((node.op_type == "Cast" and attrs["to"].i == dbl)
+                or (node.op_type in ("Constant", "ConstantOfShape") and "value" in attrs
+                    and attrs["value"].t.data_type == dbl)):
+            names.append(node.output[0])
+    return names
+
+
 def preflight(proto) -> list[str]:
     """The custom node types of a graph; raises BundleError naming any node the registry lacks
-    or whose namespace, version or attributes differ from the declaration."""
+    or whose namespace, version or attributes differ from the declaration, or the first fp64
+    tensor: TensorRT has no fp64 type, and its ONNX parser turns fp64 casts and weights into
+    fp32 ones without an error (onnx-tensorrt `convertDtype`: DOUBLE -> kFLOAT), so a plan would
+    compute in another precision than the graph checked against PyTorch."""
     from dsflash.plugins.registry import DECLS
 
+    fp64 = fp64_sources(proto)
+    if fp64:
+        raise BundleError(f"{len(fp64)} fp64 tensors (first: {fp64[0]!r}); TensorRT has no fp64 type "
+                          "and its parser would demote them to fp32: export the graph without them")
     decls = {d.name: d for d in DECLS}
     seen = []
     for node in proto.graph.node:

@@ -11,6 +11,7 @@ from dsflash.export.accuracy import check_bundle, reference_steps
 from dsflash.export.bundle import Bundle, BundleError
 from dsflash.export.contract import GRAPHS, graph_inputs, graph_outputs
 from dsflash.export.ort_greedy import OrtGraphs
+from dsflash.export.trt_build import fp64_sources
 from dsflash.model.generate import generate
 from dsflash.plugins.declaration import DOMAIN
 from dsflash.plugins.registry import DECLS
@@ -44,28 +45,16 @@ def test_portable_has_only_standard_ops(tiny_bundle):
         assert {i.domain for i in proto.opset_import} <= STANDARD_DOMAINS
 
 
-def fp64_tensors(proto) -> list[str]:
-    """Names of the graph's fp64 initializers, values and casts to fp64."""
-    graph = proto.graph
-    dbl = onnx.TensorProto.DOUBLE
-    names = [t.name for t in graph.initializer if t.data_type == dbl]
-    names += [v.name for v in (*graph.value_info, *graph.input, *graph.output)
-              if v.type.tensor_type.elem_type == dbl]
-    for node in graph.node:
-        attrs = {a.name: a for a in node.attribute}
-        if (node.op_type == "Cast" and attrs["to"].i == dbl) or (
-                node.op_type == "Constant" and "value" in attrs and attrs["value"].t.data_type == dbl):
-            names.append(node.output[0])
-    return names
-
-
 def test_graphs_hold_no_fp64_tensor(tiny_bundle):
     # TensorRT has no fp64 type: its ONNX parser turns fp64 casts and weights into fp32 ones, which
     # would form the rotary angles as fp32 products (0.06 rad off at 1M positions; test_rope.py)
     for graph in GRAPHS:
         for flavor in ("plugin", "portable"):
-            proto = onnx.shape_inference.infer_shapes(load(tiny_bundle, graph, flavor))
-            assert fp64_tensors(proto) == [], (graph, flavor)
+            proto = load(tiny_bundle, graph, flavor)
+            assert fp64_sources(proto) == [], (graph, flavor)
+            inferred = onnx.shape_inference.infer_shapes(proto)  # and no value computed in fp64
+            types = {v.type.tensor_type.elem_type for v in inferred.graph.value_info}
+            assert onnx.TensorProto.DOUBLE not in types, (graph, flavor)
 
 
 def test_plugin_nodes_carry_what_the_tensorrt_parser_needs(tiny_bundle):

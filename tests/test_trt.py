@@ -8,7 +8,9 @@ from __future__ import annotations
 import importlib.util
 import json
 
+import numpy as np
 import onnx
+import onnx.numpy_helper
 import pytest
 
 from dsflash.export.bundle import BundleError
@@ -41,6 +43,20 @@ def test_preflight_names_an_unknown_or_mismatched_plugin(tiny_bundle):
     next(a for a in node.attribute if a.name == "plugin_version").s = b"2"
     with pytest.raises(BundleError,
                        match=f"node {node.name} \\(MhcBoundaryFinish\\): plugin_namespace/plugin_version"):
+        preflight(proto)
+
+
+def test_preflight_refuses_fp64_tensors(tiny_bundle):
+    # the parser would demote them to fp32 silently (as it did the rotary angles before session 29)
+    proto = _plugin_proto(tiny_bundle)
+    cast = onnx.helper.make_node("Cast", [proto.graph.input[0].name], ["ids_fp64"],
+                                 to=onnx.TensorProto.DOUBLE)
+    proto.graph.node.insert(0, cast)
+    with pytest.raises(BundleError, match="1 fp64 tensors \\(first: 'ids_fp64'\\); TensorRT has no fp64"):
+        preflight(proto)
+    proto = _plugin_proto(tiny_bundle)
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(np.ones(3, np.float64), "freqs"))
+    with pytest.raises(BundleError, match="first: 'freqs'"):
         preflight(proto)
 
 
