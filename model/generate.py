@@ -6,6 +6,8 @@ prompt into its own slot, then decodes all prompts together.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -22,8 +24,8 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be >= 0")
+        if not 0 <= self.temperature < math.inf:  # NaN too: softmax would sample garbage
+            raise ValueError(f"temperature={self.temperature} must be finite and >= 0")
         if self.top_k < 0:
             raise ValueError(f"top_k={self.top_k} must be >= 0")
         if not 0.0 < self.top_p <= 1.0:

@@ -39,3 +39,6 @@ def test_bad_sampling_params():
         SamplingParams(top_p=0.0)
     with pytest.raises(ValueError, match="temperature=-1"):
         SamplingParams(temperature=-1)
+    for bad in (float("nan"), float("inf")):  # NaN compared as no error; inf sampled uniformly
+        with pytest.raises(ValueError, match=f"temperature={bad} must be finite and >= 0"):
+            SamplingParams(temperature=bad)
