@@ -95,3 +95,27 @@ def test_tuned_compile_step_gives_the_eager_kernels_results(tiny_cfg):
         for name in tuned.output_names:
             assert_close(got[name].float(), want[name].float(), MODEL, f"batch {batch}: {name}")
     torch._dynamo.reset()
+
+
+def test_rotary_tables_on_the_gpu_eager_and_compiled_match_the_fp64_angles():
+    """The rotary tables formed on the GPU (eager, and fused by inductor as the torch-compiled
+    backend runs them) stay within fp32's rounding floor of cos/sin of the fp64 angle up to 2^24
+    positions: the exact-piece formulation must survive CUDA's cosf and inductor's codegen."""
+    from dsflash.export.tolerances import ROUNDING_FLOOR
+    from dsflash.model.config import ModelConfig
+    from dsflash.model.norm_rope import POSITION_LIMIT, rope_cos_sin, rope_frequencies, rope_phase
+
+    cfg = ModelConfig.preset("flash")
+    gen = torch.Generator().manual_seed(29)
+    pos = torch.cat([torch.arange(4096), torch.randint(0, POSITION_LIMIT, (100_000,), generator=gen),
+                     torch.arange(POSITION_LIMIT - 4096, POSITION_LIMIT)])
+    compiled = torch.compile(rope_cos_sin, fullgraph=True)
+    for freqs in (rope_frequencies(cfg.qk_rope_head_dim, cfg.rope_theta, None),
+                  rope_frequencies(cfg.qk_rope_head_dim, cfg.compress_rope_theta, cfg.rope_scaling)):
+        angles = pos.to(torch.float64).unsqueeze(-1) * freqs
+        phase = rope_phase(freqs).cuda()
+        for name, fn in (("eager", rope_cos_sin), ("inductor", compiled)):
+            cos, sin = fn(pos.cuda(), phase)
+            err = max((cos.cpu().double() - angles.cos()).abs().max().item(),
+                      (sin.cpu().double() - angles.sin()).abs().max().item())
+            assert err <= ROUNDING_FLOOR[torch.float32], (name, err)
