@@ -220,13 +220,15 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
     return out
 
 
-def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = (), ranks: list[int] = ()) -> dict:
+def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = (), ranks: list[int] = (),
+                  firsts: list[int] = ()) -> dict:
     """Label -> StableTopkLauncher overrides: each chunk with 4 warps, 4 warps without the idle
     skip and 8 warps; each digit split (widths of the passes, most significant first) with the
     launcher's own chunk; with `blocks`, the radix form and the block-max form (prefilter.py) at
     each block size; with `ranks`, the block-max form's collect launch reading whole chunks against
     reading the live blocks only, then the live collect under each rank block (candidates per rank
-    program)."""
+    program); with `firsts`, the block-max form's first launch at each count of blocks per program
+    (BM_CHUNK: 16 blocks of 16 scores are 1 KB per program)."""
     out = {"radix form": {"FORM": "radix"}} if blocks else {}
     if ranks:
         out["collect chunk"] = {"COLLECT": "chunk"}
@@ -235,6 +237,8 @@ def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = ()
         out[f"collect live, rank block {rank}"] = {"COLLECT": "live", "RANK_BLOCK": rank}
     for block in blocks:
         out[f"block-max form, blocks of {block}"] = {"FORM": "prefilter", "BLOCK": block}
+    for first in firsts:
+        out[f"first launch, {first} blocks per program"] = {"FORM": "prefilter", "BM_CHUNK": first}
     for chunk in chunks:
         for warps, skip in ((4, True), (4, False), (8, True)):
             out[f"chunk {chunk} warps {warps}{'' if skip else ' no skip'}"] = {
@@ -480,6 +484,9 @@ def main() -> None:
     ap.add_argument("--topk-ranks", default="",
                     help="sweep the block-max form's collect launch (whole chunks, live blocks) and its "
                     "rank block (candidates per rank program, e.g. 4,16,64)")
+    ap.add_argument("--topk-first", default="",
+                    help="sweep the block-max form's first launch: blocks per program (powers of two, "
+                    "e.g. 32,128,512)")
     ap.add_argument("--fp4-configs", default="", help="sweep the FP4 index kernel's launch "
                     "(BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS],...) instead of timing the layers")
     ap.add_argument("--attn-configs", default="", help="sweep the sparse attention's launch "
@@ -524,9 +531,10 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     topk_blocks = [int(b) for b in filter(None, args.topk_blocks.split(","))]
     topk_ranks = [int(r) for r in filter(None, args.topk_ranks.split(","))]
-    if args.topk_chunks or digits or topk_blocks or topk_ranks:
+    topk_firsts = [int(f) for f in filter(None, args.topk_first.split(","))]
+    if args.topk_chunks or digits or topk_blocks or topk_ranks or topk_firsts:
         chunks = [int(c) for c in filter(None, args.topk_chunks.split(","))]
-        settings = topk_settings(chunks, digits, topk_blocks, topk_ranks)
+        settings = topk_settings(chunks, digits, topk_blocks, topk_ranks, topk_firsts)
         res["topk_sweep_us"] = {f"batch {b} ctx {c}": topk_sweep(b, c, gen, settings)
                                 for c in contexts for b in batches}
         (out / "topk_sweep.json").write_text(json.dumps(res, indent=1))
@@ -555,7 +563,7 @@ def main() -> None:
                 (out / "attn_sweep.json").write_text(json.dumps(res, indent=1))
                 times = (f"{k}: {v['us']:.1f} us ({100 * roof / v['us']:.0f}%)" for k, v in case.items())
                 log.info("batch %d ctx %d (roofline %.1f us): %s", b, c, roof, ", ".join(times))
-    if args.topk_chunks or digits or topk_blocks or topk_ranks or fp4_configs or attn_configs:
+    if args.topk_chunks or digits or topk_blocks or topk_ranks or topk_firsts or fp4_configs or attn_configs:
         return
     for ctx in contexts:
         for batch in tqdm(batches, desc=f"layers at {ctx}"):

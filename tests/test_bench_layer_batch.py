@@ -90,6 +90,10 @@ def test_sweep_settings_spell_out_the_launches(bench):
         "collect chunk": {"COLLECT": "chunk"}, "collect live": {"COLLECT": "live"},
         "collect live, rank block 4": {"COLLECT": "live", "RANK_BLOCK": 4},
         "collect live, rank block 64": {"COLLECT": "live", "RANK_BLOCK": 64}}
+    # --topk-first: the block-max form's first launch at each count of blocks per program
+    assert bench.topk_settings([], [], firsts=[32, 512]) == {
+        "first launch, 32 blocks per program": {"FORM": "prefilter", "BM_CHUNK": 32},
+        "first launch, 512 blocks per program": {"FORM": "prefilter", "BM_CHUNK": 512}}
     assert bench.parse_attn_configs("16:32:4:3,64:16:8:2:5,64:32:8:4:a,64:16:8:8:2:a:p4") == [
         {"BLOCK_H": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3},
         {"BLOCK_H": 64, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2, "n_split": 5},

@@ -181,8 +181,8 @@ class StableTopkLauncher(LauncherBase):
     launches capture into a CUDA graph); one instance per device/stream, calls on it must not
     overlap. Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K, RANK_BLOCK, CMP_BLOCK, PDL
     (False: plain launches), SKIP_IDLE (False: every program of a digit pass builds its histogram);
-    the block-max form's FORM, BLOCK, COLLECT ('live' or 'chunk') and LIVE_BLOCKS (live blocks read
-    per step of the live collect)."""
+    the block-max form's FORM, BLOCK, COLLECT ('live' or 'chunk'), LIVE_BLOCKS (live blocks read
+    per step of the live collect) and BM_CHUNK (blocks per program of its first launch)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
 
@@ -305,7 +305,10 @@ class StableTopkLauncher(LauncherBase):
                 f"StableTopk: COLLECT must be 'live' or 'chunk', got {collect!r}")
         live_blocks = self._pow2("LIVE_BLOCKS", 32)
         cap = k_out * block  # above (k - 1) x block entries cannot be above T (prefilter.py)
-        bm_chunk = max(chunk // block, 16)
+        # blocks per program of the first launch: as many scores as a digit pass's program reads.
+        # At 64 rows of 128K it read its 32 MB at 2.4 TB/s (13.5 us, session 24): BM_CHUNK sweeps
+        # the bytes per program (bench_layer_batch.py --topk-first)
+        bm_chunk = self._pow2("BM_CHUNK", max(chunk // block, 16))
         pass_chunk = max(batch_chunk(rows, m), next_pow2(cdiv(m, self.MAX_PROGRAMS)))
         bins = 1 << max(bits for _, bits in passes)
 
