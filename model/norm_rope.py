@@ -7,8 +7,8 @@ magnitude (no mscale), so the inverse rotation is the conjugate.
 
 The angles pos x freq reach 1e6 rad at the flash preset's 1M positions, where an fp32 product is
 off by up to 0.06 rad. The frequencies are fp64; the angles are formed in fp32 from exact pieces
-(`rope_phase`, `rope_cos_sin`), reduced to [-pi, pi] before cos/sin, within ~1e-6 rad of the
-fp64 angle for every position below POSITION_LIMIT. No fp64 op reaches the exported graphs:
+(`rope_phase`, `rope_cos_sin`), reduced to [-pi, pi] before cos/sin: within about 5e-7 of cos/sin
+of the fp64 angle for every position below POSITION_LIMIT. No fp64 op reaches the exported graphs:
 TensorRT has no fp64 type, and its ONNX parser turns fp64 casts and weights into fp32 ones
 (onnx-tensorrt `convertDtype`: DOUBLE -> kFLOAT), which would give back those 0.06 rad.
 """
