@@ -732,13 +732,13 @@ def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block):
 
 @pytest.mark.parametrize("case", ["ascending", "sparse ties", "equal run", "all equal", "all -inf"])
 @pytest.mark.parametrize("over", [{"COLLECT": "chunk"}, {"LIVE_BLOCKS": 1}, {"LIVE_BLOCKS": 4, "CHUNK": 64},
-                                  {"BM_CHUNK": 1}, {"BM_CHUNK": 128}])
+                                  {"BM_CHUNK": 1}, {"BM_CHUNK": 512}])
 def test_stable_topk_block_max_collect_forms_are_exact(gen, case, over):
     """Both collect launches of the block-max form give the stable sort's bits on the bound cases:
     every chunk read whole ("chunk"), and only the live blocks (the default) listed and read one or
     a few at a time, so a program loops over its list (the k best in the last blocks: all of a
     program's blocks live; every block live when all scores are equal); and so does a first launch
-    of one block per program or of more blocks than a row has (BM_CHUNK)."""
+    of one block per program or of more blocks than a row has (BM_CHUNK: 512 of its 250)."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
