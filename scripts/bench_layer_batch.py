@@ -221,14 +221,15 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
 
 
 def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = (), ranks: list[int] = (),
-                  firsts: list[int] = ()) -> dict:
+                  firsts: list[int] = (), ties: bool = False) -> dict:
     """Label -> StableTopkLauncher overrides: each chunk with 4 warps, 4 warps without the idle
     skip and 8 warps; each digit split (widths of the passes, most significant first) with the
     launcher's own chunk; with `blocks`, the radix form and the block-max form (prefilter.py) at
     each block size; with `ranks`, the block-max form's collect launch reading whole chunks against
     reading the live blocks only, then the live collect under each rank block (candidates per rank
     program); with `firsts`, the block-max form's first launch at each count of blocks per program
-    (BM_CHUNK: 16 blocks of 16 scores are 1 KB per program)."""
+    (BM_CHUNK: 16 blocks of 16 scores are 1 KB per program); with `ties`, its rank launch with the
+    entries tied at T written by programs of their own against by the rank programs."""
     out = {"radix form": {"FORM": "radix"}} if blocks else {}
     if ranks:
         out["collect chunk"] = {"COLLECT": "chunk"}
@@ -239,6 +240,9 @@ def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = ()
         out[f"block-max form, blocks of {block}"] = {"FORM": "prefilter", "BLOCK": block}
     for first in firsts:
         out[f"first launch, {first} blocks per program"] = {"FORM": "prefilter", "BM_CHUNK": first}
+    if ties:
+        out["ties in programs of their own"] = {"FORM": "prefilter", "TIES": "chunk"}
+        out["ties in the rank programs"] = {"FORM": "prefilter", "TIES": "rank"}
     for chunk in chunks:
         for warps, skip in ((4, True), (4, False), (8, True)):
             out[f"chunk {chunk} warps {warps}{'' if skip else ' no skip'}"] = {
@@ -487,6 +491,9 @@ def main() -> None:
     ap.add_argument("--topk-first", default="",
                     help="sweep the block-max form's first launch: blocks per program (powers of two, "
                     "e.g. 32,128,512)")
+    ap.add_argument("--topk-ties", action="store_true",
+                    help="sweep the block-max form's rank launch: the ties at T in programs of their own "
+                    "or in the rank programs")
     ap.add_argument("--fp4-configs", default="", help="sweep the FP4 index kernel's launch "
                     "(BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS],...) instead of timing the layers")
     ap.add_argument("--attn-configs", default="", help="sweep the sparse attention's launch "
@@ -532,9 +539,10 @@ def main() -> None:
     topk_blocks = [int(b) for b in filter(None, args.topk_blocks.split(","))]
     topk_ranks = [int(r) for r in filter(None, args.topk_ranks.split(","))]
     topk_firsts = [int(f) for f in filter(None, args.topk_first.split(","))]
-    if args.topk_chunks or digits or topk_blocks or topk_ranks or topk_firsts:
+    topk_sweeps = args.topk_chunks or digits or topk_blocks or topk_ranks or topk_firsts or args.topk_ties
+    if topk_sweeps:
         chunks = [int(c) for c in filter(None, args.topk_chunks.split(","))]
-        settings = topk_settings(chunks, digits, topk_blocks, topk_ranks, topk_firsts)
+        settings = topk_settings(chunks, digits, topk_blocks, topk_ranks, topk_firsts, args.topk_ties)
         res["topk_sweep_us"] = {f"batch {b} ctx {c}": topk_sweep(b, c, gen, settings)
                                 for c in contexts for b in batches}
         (out / "topk_sweep.json").write_text(json.dumps(res, indent=1))
@@ -563,7 +571,7 @@ def main() -> None:
                 (out / "attn_sweep.json").write_text(json.dumps(res, indent=1))
                 times = (f"{k}: {v['us']:.1f} us ({100 * roof / v['us']:.0f}%)" for k, v in case.items())
                 log.info("batch %d ctx %d (roofline %.1f us): %s", b, c, roof, ", ".join(times))
-    if args.topk_chunks or digits or topk_blocks or topk_ranks or topk_firsts or fp4_configs or attn_configs:
+    if topk_sweeps or fp4_configs or attn_configs:
         return
     for ctx in contexts:
         for batch in tqdm(batches, desc=f"layers at {ctx}"):

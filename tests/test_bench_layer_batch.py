@@ -94,6 +94,10 @@ def test_sweep_settings_spell_out_the_launches(bench):
     assert bench.topk_settings([], [], firsts=[32, 512]) == {
         "first launch, 32 blocks per program": {"FORM": "prefilter", "BM_CHUNK": 32},
         "first launch, 512 blocks per program": {"FORM": "prefilter", "BM_CHUNK": 512}}
+    # --topk-ties: the ties at T in programs of their own against in the rank programs
+    assert bench.topk_settings([], [], ties=True) == {
+        "ties in programs of their own": {"FORM": "prefilter", "TIES": "chunk"},
+        "ties in the rank programs": {"FORM": "prefilter", "TIES": "rank"}}
     assert bench.parse_attn_configs("16:32:4:3,64:16:8:2:5,64:32:8:4:a,64:16:8:8:2:a:p4") == [
         {"BLOCK_H": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3},
         {"BLOCK_H": 64, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2, "n_split": 5},

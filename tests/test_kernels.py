@@ -732,13 +732,16 @@ def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block):
 
 @pytest.mark.parametrize("case", ["ascending", "sparse ties", "equal run", "all equal", "all -inf"])
 @pytest.mark.parametrize("over", [{"COLLECT": "chunk"}, {"LIVE_BLOCKS": 1}, {"LIVE_BLOCKS": 4, "CHUNK": 64},
-                                  {"BM_CHUNK": 1}, {"BM_CHUNK": 512}])
+                                  {"BM_CHUNK": 1}, {"BM_CHUNK": 512}, {"TIES": "rank"},
+                                  {"TIES": "rank", "RANK_BLOCK": 64, "CHUNK": 16}])
 def test_stable_topk_block_max_collect_forms_are_exact(gen, case, over):
     """Both collect launches of the block-max form give the stable sort's bits on the bound cases:
     every chunk read whole ("chunk"), and only the live blocks (the default) listed and read one or
     a few at a time, so a program loops over its list (the k best in the last blocks: all of a
     program's blocks live; every block live when all scores are equal); and so does a first launch
-    of one block per program or of more blocks than a row has (BM_CHUNK: 512 of its 250)."""
+    of one block per program or of more blocks than a row has (BM_CHUNK: 512 of its 250); and so
+    do the ties at T written by the rank programs (TIES="rank"), also where a few rank programs
+    take every chunk of 16 entries in turn."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
@@ -764,7 +767,7 @@ def test_stable_topk_picks_its_form_by_blocks():
     """The block-max form serves rows of at least 4k blocks (a Full layer's 128K entries, one row
     or many); rows of fewer blocks (a listed pool of 16K) take the radix form; a forced form it
     cannot serve (fewer than k blocks) falls back; a bad FORM, BLOCK, CHUNK, COLLECT, LIVE_BLOCKS,
-    RANK_BLOCK, CMP_BLOCK or BM_CHUNK is refused before any launch, naming it."""
+    RANK_BLOCK, CMP_BLOCK, BM_CHUNK or TIES is refused before any launch, naming it."""
     from dsflash.plugins.stable_topk.kernel import PREFILTER_BLOCK, StableTopkLauncher
 
     auto, forced = StableTopkLauncher(), StableTopkLauncher(overrides={"FORM": "prefilter"})
@@ -787,6 +790,8 @@ def test_stable_topk_picks_its_form_by_blocks():
                 StableTopkLauncher(overrides={name: bad})(*_dev(scores), 8)
     with pytest.raises(ValueError, match="BM_CHUNK must be a power of two, got 24"):
         StableTopkLauncher(overrides={"BM_CHUNK": 24})(*_dev(torch.rand(2, 4096)), 8)
+    with pytest.raises(ValueError, match="TIES must be 'chunk' or 'rank', got 'all'"):
+        StableTopkLauncher(overrides={"TIES": "all"})(*_dev(torch.rand(2, 4096)), 8)
 
 
 @pytest.mark.parametrize("regs, warps, shared, want", [

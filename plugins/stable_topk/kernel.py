@@ -182,7 +182,8 @@ class StableTopkLauncher(LauncherBase):
     overlap. Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K, RANK_BLOCK, CMP_BLOCK, PDL
     (False: plain launches), SKIP_IDLE (False: every program of a digit pass builds its histogram);
     the block-max form's FORM, BLOCK, COLLECT ('live' or 'chunk'), LIVE_BLOCKS (live blocks read
-    per step of the live collect) and BM_CHUNK (blocks per program of its first launch)."""
+    per step of the live collect), BM_CHUNK (blocks per program of its first launch) and TIES
+    ('chunk' or 'rank': which programs of the rank launch write the entries tied at T)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
 
@@ -304,6 +305,12 @@ class StableTopkLauncher(LauncherBase):
         require(collect in ("live", "chunk"),
                 f"StableTopk: COLLECT must be 'live' or 'chunk', got {collect!r}")
         live_blocks = self._pow2("LIVE_BLOCKS", 32)
+        # the entries tied at T (needed on rows with fewer than k entries above it) written by one
+        # program per chunk ("chunk"), or by the rank programs after their ranks ("rank": the
+        # launch holds no program for them; at 64 rows of 128K, 4,096 of its 6,144 are such)
+        ties = self._overrides.get("TIES", "chunk")
+        require(ties in ("chunk", "rank"), f"StableTopk: TIES must be 'chunk' or 'rank', got {ties!r}")
+        ties_in_rank = ties == "rank"
         cap = k_out * block  # above (k - 1) x block entries cannot be above T (prefilter.py)
         # blocks per program of the first launch: as many scores as a digit pass's program reads.
         # At 64 rows of 128K it read its 32 MB at 2.4 TB/s (13.5 us, session 24): BM_CHUNK sweeps
@@ -354,10 +361,11 @@ class StableTopkLauncher(LauncherBase):
                 LAST_BITS=passes[-1][1], **common)
         rank_block, cmp_block = rank
         rank_progs = cdiv(k_out, rank_block)
-        prefilter_rank_kernel[(rows, rank_progs + n_prog)](
+        tie_progs = 0 if ties_in_rank else n_prog
+        prefilter_rank_kernel[(rows, rank_progs + tie_progs)](
             flat, n, k_out, hist, counter, ws["prog_eq"], ws["cand"], ws["tval"], vals, idx, cand_cap,
             RANK_PROGS=rank_progs, RANK_BLOCK=rank_block, CMP_BLOCK=cmp_block,
-            CHUNK=chunk, PP=next_pow2(n_prog), **common)
+            CHUNK=chunk, PP=next_pow2(n_prog), TIES_IN_RANK=ties_in_rank, **common)
 
 
 def batch_chunk(rows: int, n: int, programs: int = 1024) -> int:

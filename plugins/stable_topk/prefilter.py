@@ -18,7 +18,8 @@ Launches (grid (rows, programs) each, none waiting for another inside a launch):
    (about k of a row's blocks), the other every score;
 4. prefilter_rank_kernel: each candidate's place is the count of candidates above it (score,
    then lower index: unique keys), written where it is below k; when G < k, programs over the
-   chunks write the first k - G entries equal to T in index order after them.
+   chunks (or, with TIES_IN_RANK, the rank programs after their ranks) write the first k - G
+   entries equal to T in index order after them.
 
 The digit passes read M = N / BLOCK maxima instead of N scores: at a decode batch, where the
 radix form's passes are bound by their histograms' work per entry, this saves most of it. The
@@ -143,19 +144,42 @@ def prefilter_collect_live_kernel(scores_ptr, N, M, bm_ptr, live_ptr, hist, stat
 
 
 @triton.jit
+def _write_ties(scores_ptr, vals_ptr, idx_ptr, prog_eq, tval, row, N, k, g, need, c, n_chunks,
+                CHUNK: tl.constexpr, PP: tl.constexpr):
+    """Chunk c's entries equal to T among the first `need` of them in index order (the chunks
+    before it hold prog_eq of them each), written at places g and on."""
+    pp = tl.arange(0, PP)
+    counts = tl.load(prog_eq + row * n_chunks + pp, mask=pp < c, other=0, cache_modifier=".cg")
+    before = tl.sum(counts, axis=0)
+    if before < need:
+        n = c * CHUNK + tl.arange(0, CHUNK)
+        ok = n < N
+        t = tl.load(tval + row, cache_modifier=".cg")
+        eq = ok & (ordered_keys(scores_ptr, row, n, ok, N) == t)
+        eq_rank = before + tl.cumsum(eq.to(tl.int32), axis=0) - 1
+        put = eq & (eq_rank < need)
+        write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, g + eq_rank, n.to(tl.int64), put)
+
+
+@triton.jit
 def prefilter_rank_kernel(scores_ptr, N, k, hist, counter, prog_eq, cand, tval, vals_ptr, idx_ptr, CAP,
                           RANK_PROGS: tl.constexpr, RANK_BLOCK: tl.constexpr, CMP_BLOCK: tl.constexpr,
                           CHUNK: tl.constexpr, PP: tl.constexpr, HIST_BINS: tl.constexpr,
-                          PASSES: tl.constexpr, PDL: tl.constexpr = False):
-    """Grid (rows, RANK_PROGS + chunks). The first RANK_PROGS programs of a row take its G
-    candidates RANK_BLOCK at a time (strided) and write each one whose place (candidates above it)
-    is below k; the others each take one chunk of the scores and, when G < k, write the entries
-    equal to T among the first k - G of them in index order at places G and on. The row's first
-    program clears the histograms for the next call (this launch does not read them)."""
+                          PASSES: tl.constexpr, TIES_IN_RANK: tl.constexpr = False,
+                          PDL: tl.constexpr = False):
+    """Grid (rows, RANK_PROGS + chunks), or (rows, RANK_PROGS) with TIES_IN_RANK. The first
+    RANK_PROGS programs of a row take its G candidates RANK_BLOCK at a time (strided) and write
+    each one whose place (candidates above it) is below k. When G < k, the entries equal to T among
+    the first k - G of them in index order go to places G and on: written by one program per chunk
+    of the scores after the rank programs, or with TIES_IN_RANK by the rank programs themselves,
+    each taking every RANK_PROGS-th chunk after its ranks (no program of the launch is there for
+    the ties alone; most rows have G >= k). The row's first program clears the histograms for the
+    next call (this launch does not read them)."""
     wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     q = tl.program_id(1)
     g = tl.minimum(tl.load(counter + row, cache_modifier=".cg"), CAP)
+    n_chunks = tl.cdiv(N, CHUNK)
     if q < RANK_PROGS:
         for start in tl.range(q * RANK_BLOCK, g, RANK_PROGS * RANK_BLOCK):
             r = start + tl.arange(0, RANK_BLOCK)
@@ -166,19 +190,14 @@ def prefilter_rank_kernel(scores_ptr, N, k, hist, counter, prog_eq, cand, tval, 
                         (0xFFFFFFFF - (mine & 0xFFFFFFFF)).to(tl.int64), keep & (rank < k))
         if q == 0:
             clear_histograms(hist, row, HIST_BINS, PASSES)
+        if TIES_IN_RANK:
+            need = k - g
+            if need > 0:
+                for c in tl.range(q, n_chunks, RANK_PROGS):
+                    _write_ties(scores_ptr, vals_ptr, idx_ptr, prog_eq, tval, row, N, k, g, need, c, n_chunks,
+                                CHUNK, PP)
     else:
-        c = q - RANK_PROGS
         need = k - g
         if need > 0:
-            n_prog = tl.num_programs(1) - RANK_PROGS
-            pp = tl.arange(0, PP)
-            before = tl.sum(tl.load(prog_eq + row * n_prog + pp, mask=pp < c, other=0, cache_modifier=".cg"),
-                            axis=0)
-            if before < need:
-                n = c * CHUNK + tl.arange(0, CHUNK)
-                ok = n < N
-                t = tl.load(tval + row, cache_modifier=".cg")
-                eq = ok & (ordered_keys(scores_ptr, row, n, ok, N) == t)
-                eq_rank = before + tl.cumsum(eq.to(tl.int32), axis=0) - 1
-                put = eq & (eq_rank < need)
-                write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, g + eq_rank, n.to(tl.int64), put)
+            _write_ties(scores_ptr, vals_ptr, idx_ptr, prog_eq, tval, row, N, k, g, need, q - RANK_PROGS,
+                        n_chunks, CHUNK, PP)
