@@ -89,3 +89,16 @@ def test_a_step_forms_each_table_once(tiny_cfg, gen, monkeypatch, ratios):
     published = {cfg.compress_ratios[i] for i in full}
     assert len({r.key for r in rotaries}) == 2  # plain theta, and compress theta with YaRN
     assert len(full) == 2 and len(calls) == 2 + len(published)
+
+
+def test_a_reused_trace_forms_the_tables_of_each_call(tiny_cfg, gen):
+    # StepShared keeps one step's tables; a trace passed to two calls must not hand the first
+    # call's positions to the second
+    from dsflash.model.attention import StepShared
+
+    model = DSFlashModel(tiny_cfg).init_weights(seed=2).eval()
+    trace = StepShared()
+    with torch.no_grad():
+        for length in (5, 9):
+            ids = random_ids(gen, 1, length, tiny_cfg.vocab_size)
+            assert torch.equal(model(ids, trace=trace), model(ids))
