@@ -55,7 +55,7 @@ class StepShared:
         """cos, sin of `rotary` at the rows' positions pos_BS, or with `ratio` at the positions
         of the entries they publish (the first position of each completed group of `ratio`
         rows; 0 where none completes). Formed once per step and frequency set: every layer of a
-        kind rotates the same rows, each table is ~40 small ops (launches, in a CUDA graph)."""
+        kind rotates the same rows, and each table is 24 small kernels (launches, in a CUDA graph)."""
         key = (rotary.key, ratio)
         hit = self.rope.get(key)
         if hit is None or hit[0] is not pos_BS:
