@@ -179,7 +179,6 @@ def prefilter_rank_kernel(scores_ptr, N, k, hist, counter, prog_eq, cand, tval, 
     row = tl.program_id(0).to(tl.int64)
     q = tl.program_id(1)
     g = tl.minimum(tl.load(counter + row, cache_modifier=".cg"), CAP)
-    n_chunks = tl.cdiv(N, CHUNK)
     if q < RANK_PROGS:
         for start in tl.range(q * RANK_BLOCK, g, RANK_PROGS * RANK_BLOCK):
             r = start + tl.arange(0, RANK_BLOCK)
@@ -193,6 +192,7 @@ def prefilter_rank_kernel(scores_ptr, N, k, hist, counter, prog_eq, cand, tval, 
         if TIES_IN_RANK:
             need = k - g
             if need > 0:
+                n_chunks = tl.cdiv(N, CHUNK)  # the collect launch's grid: no tie programs here
                 for c in tl.range(q, n_chunks, RANK_PROGS):
                     _write_ties(scores_ptr, vals_ptr, idx_ptr, prog_eq, tval, row, N, k, g, need, c, n_chunks,
                                 CHUNK, PP)
@@ -200,4 +200,4 @@ def prefilter_rank_kernel(scores_ptr, N, k, hist, counter, prog_eq, cand, tval, 
         need = k - g
         if need > 0:
             _write_ties(scores_ptr, vals_ptr, idx_ptr, prog_eq, tval, row, N, k, g, need, q - RANK_PROGS,
-                        n_chunks, CHUNK, PP)
+                        tl.num_programs(1) - RANK_PROGS, CHUNK, PP)
