@@ -3,11 +3,13 @@ over the dense roofline) and its refusals; the timings themselves run on the H20
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "bench_layer_batch.py"
@@ -122,3 +124,30 @@ def test_the_figure_redraws_from_a_saved_run_without_a_gpu(tmp_path):
     bad = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--plot-from",
                           str(tmp_path / "none.json")], capture_output=True, text=True, cwd=ROOT, check=False)
     assert bad.returncode != 0 and "no file" in bad.stderr and "none.json" in bad.stderr
+
+
+def test_an_attention_setting_that_does_not_fit_is_a_result(bench, monkeypatch):
+    """A sweep setting whose kernel needs more shared memory than the GPU has (64-key blocks of
+    64 x 512 heads in 3 stages: 256 KB, as on the H100 in session 30) is recorded as NaN with the
+    error, and the settings after it are still timed and compared (the launcher and the timer
+    stand in for the GPU's)."""
+    from triton.runtime.errors import OutOfResources
+
+    class Launcher:
+        def __init__(self, overrides=None):
+            self.overrides = overrides or {}
+
+        def __call__(self, q, *rest, n_split=None):
+            if self.overrides.get("num_stages") == 3:
+                raise OutOfResources(262144, 232448, "shared memory")
+            return q + self.overrides.get("BLOCK_K", 0) * 1e-3  # a rounding-sized difference
+
+    monkeypatch.setattr(bench, "layer_inputs", lambda batch, ctx, gen: {
+        name: torch.zeros(batch, 4) for name in ("q", "kv", "idx", "win", "wmask", "sink")})
+    monkeypatch.setattr(bench.attn_kernel, "SparseAttentionLauncher", Launcher)
+    monkeypatch.setattr(bench, "time_ms", lambda fn, graph: (fn(), 0.02)[1])
+    got = bench.attn_sweep(2, 1024, None, [{"BLOCK_K": 64, "num_stages": 3}, {"BLOCK_K": 8, "num_stages": 2}])
+    assert list(got) == ["launcher default", "BLOCK_K 64 num_stages 3", "BLOCK_K 8 num_stages 2"]
+    assert math.isnan(got["BLOCK_K 64 num_stages 3"]["us"])
+    assert "shared memory" in got["BLOCK_K 64 num_stages 3"]["error"]
+    assert got["BLOCK_K 8 num_stages 2"] == {"us": pytest.approx(20.0), "max_abs_diff": pytest.approx(8e-3)}

@@ -353,13 +353,23 @@ def test_sparse_attention_kernel(gen, dtype, b, s, h, d, n, k, t, n_split, cfg):
 
 
 def test_sparse_attention_batch_form_rule():
-    """64 wide heads from BATCH_ROWS rows: one head block of 8 warps, 2 stages, and splits that keep
-    the grid to one program per SM; fewer rows, other head counts, fp32 operands (their tiles
-    would overflow shared memory) and the AOT build (rows unknown) keep the decode blocks."""
+    """64 wide heads from BATCH_ROWS rows: one head block of 8 warps, and splits that keep the
+    grid to one program per SM; up to AHEAD_ROWS rows 32-key blocks in 3 stages with the ids
+    loaded ahead, above 64-key blocks in 2 stages; fewer rows, other head counts, fp32 operands
+    (their tiles would overflow shared memory) and the AOT build (rows unknown) keep the decode
+    blocks."""
     rows = attn_splits.BATCH_ROWS
-    batch = attn_splits.launch_config(64, 512, False, rows=rows)
-    assert (batch["BLOCK_H"], batch["BLOCK_K"], batch["num_warps"], batch["num_stages"]) == (64, 32, 8, 2)
-    assert attn_splits.launch_config(64, 512, False, rows=attn_splits.WIDE_KEYS_ROWS)["BLOCK_K"] == 64
+    for r in (rows, attn_splits.AHEAD_ROWS):
+        batch = attn_splits.launch_config(64, 512, False, rows=r)
+        assert (batch["BLOCK_H"], batch["BLOCK_K"], batch["num_warps"], batch["num_stages"],
+                batch["INDEX_AHEAD"]) == (64, 32, 8, 3, True)
+    many = attn_splits.launch_config(64, 512, False, rows=attn_splits.AHEAD_ROWS + 1)
+    many_blocks = (many["BLOCK_H"], many["BLOCK_K"], many["num_stages"], many.get("INDEX_AHEAD", False))
+    assert many_blocks == (64, 64, 2, False)
+    # the TensorRT plugin's BATCH tactic runs unsplit (one program per row): the many-rows blocks
+    from dsflash.plugins.csa2_sparse_attention import trt as attn_trt
+    assert attn_trt.tactic_overrides(attn_trt.BATCH, torch.bfloat16, 64, 512) == {
+        "BLOCK_H": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2}
     decode = attn_splits.launch_config(64, 512, False)
     assert decode == attn_splits.launch_config(64, 512, False, rows=rows - 1)
     assert (decode["BLOCK_H"], decode["num_warps"]) == (16, 4) and "num_stages" not in decode
@@ -732,7 +742,7 @@ def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block):
 
 @pytest.mark.parametrize("case", ["ascending", "sparse ties", "equal run", "all equal", "all -inf"])
 @pytest.mark.parametrize("over", [{"COLLECT": "chunk"}, {"LIVE_BLOCKS": 1}, {"LIVE_BLOCKS": 4, "CHUNK": 64},
-                                  {"BM_CHUNK": 1}, {"BM_CHUNK": 512}, {"TIES": "rank"},
+                                  {"BM_CHUNK": 1}, {"BM_CHUNK": 512}, {"TIES": "chunk"},
                                   {"TIES": "rank", "RANK_BLOCK": 64, "CHUNK": 16}])
 def test_stable_topk_block_max_collect_forms_are_exact(gen, case, over):
     """Both collect launches of the block-max form give the stable sort's bits on the bound cases:
@@ -740,8 +750,9 @@ def test_stable_topk_block_max_collect_forms_are_exact(gen, case, over):
     a few at a time, so a program loops over its list (the k best in the last blocks: all of a
     program's blocks live; every block live when all scores are equal); and so does a first launch
     of one block per program or of more blocks than a row has (BM_CHUNK: 512 of its 250); and so
-    do the ties at T written by the rank programs (TIES="rank"), also where a few rank programs
-    take every chunk of 16 entries in turn."""
+    do the ties at T written by programs of their own, one per chunk (TIES="chunk"; the default
+    has the rank programs write them), and by a few rank programs that take every chunk of 16
+    entries in turn."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 

@@ -17,12 +17,12 @@ from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.launch import next_pow2
 from dsflash.plugins.sizes import H200_SMS, TORCH_SIZES, SizeOps, trt_sizes
 
-__all__ = ["BATCH_ROWS", "H200_SMS", "TORCH_SIZES", "WIDE_KEYS_ROWS", "SizeOps", "batch_form",
+__all__ = ["AHEAD_ROWS", "BATCH_ROWS", "H200_SMS", "TORCH_SIZES", "SizeOps", "batch_form",
            "default_split_target", "export_attrs", "key_blocks", "launch_config", "max_splits", "split_count",
            "split_plan", "trt_sizes"]
 
 BATCH_ROWS = 16  # query rows from which wide heads take the batch form (batch_form)
-WIDE_KEYS_ROWS = 24  # ... and from which its key blocks are 64 keys
+AHEAD_ROWS = 64  # ... up to which it gathers 32-key blocks with the ids a step ahead; above, 64-key blocks
 
 
 def launch_config(heads: int, dim: int, ieee: bool, rows: int | None = None) -> dict:
@@ -36,11 +36,19 @@ def launch_config(heads: int, dim: int, ieee: bool, rows: int | None = None) -> 
     wide = block_d >= 256
     if wide and batch_form(heads, dim, rows, ieee):
         # all 64 heads in one program: the tensor cores' 64-row products (wgmma) instead of
-        # four 16-row programs each reading every key; 8 warps, 2 stages (128-192 KB of shared
-        # memory, one program per SM: split_count keeps the grid to one wave). 64-key blocks
-        # keep more bytes in flight once each program has several of them.
-        return {"BLOCK_H": 64, "BLOCK_K": 64 if rows >= WIDE_KEYS_ROWS else 32, "BLOCK_D": block_d,
-                "IEEE": ieee, "num_warps": 8, "num_stages": 2}
+        # four 16-row programs each reading every key; 8 warps (up to 192 KB of shared memory,
+        # one program per SM: split_count keeps the grid to one wave). Up to AHEAD_ROWS rows:
+        # 32-key blocks in 3 stages whose entry ids load one step ahead (INDEX_AHEAD), so a
+        # block's row gather is not held behind the wait for its own ids; above, where a row
+        # keeps one split, 64-key blocks in 2 stages (bench_layer_batch.py --attn-configs,
+        # 2026-12-05, on an H100: 16 / 24 / 32 / 48 / 64 rows 21.9 / 23.8 / 27.4 / 40.4 / 44.5 us
+        # against 23.2 / 25.0 / 31.7 / 42.2 / 48.1 for session 27's blocks; 72 / 80 / 96 rows
+        # 61.7 / 62.1 / 62.8 against 60.5 / 60.8 / 61.4 for the 64-key blocks).
+        if rows <= AHEAD_ROWS:
+            return {"BLOCK_H": 64, "BLOCK_K": 32, "BLOCK_D": block_d, "IEEE": ieee, "num_warps": 8,
+                    "num_stages": 3, "INDEX_AHEAD": True}
+        return {"BLOCK_H": 64, "BLOCK_K": 64, "BLOCK_D": block_d, "IEEE": ieee, "num_warps": 8,
+                "num_stages": 2}
     block_h = 16 if wide else min(next_pow2(heads, 16), 64)
     return {"BLOCK_H": block_h, "BLOCK_K": 32 if wide else 64, "BLOCK_D": block_d, "IEEE": ieee,
             "num_warps": 4}

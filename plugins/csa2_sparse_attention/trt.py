@@ -59,7 +59,9 @@ def tactic_overrides(tactic: int, dtype: torch.dtype, heads: int, dim: int) -> d
         raise ValueError(f"Csa2SparseAttention: tactic {tactic} is not one of {tactics(dtype, heads, dim)} "
                          f"for {heads} heads of head_dim {dim} in {dtype}")
     if tactic == BATCH:
-        cfg = kernel.launch_config(heads, dim, dtype, rows=splits.WIDE_KEYS_ROWS)
+        # the many-rows blocks: the plugin runs unsplit, one program per row, as the JIT launch
+        # does above AHEAD_ROWS, where 64-key blocks in 2 stages were fastest
+        cfg = kernel.launch_config(heads, dim, dtype, rows=splits.AHEAD_ROWS + 1)
         return {k: cfg[k] for k in ("BLOCK_H", "BLOCK_K", "num_warps", "num_stages")}
     return {"BLOCK_K": 64, "num_warps": 8} if tactic == DECODE else {}
 

@@ -307,8 +307,11 @@ class StableTopkLauncher(LauncherBase):
         live_blocks = self._pow2("LIVE_BLOCKS", 32)
         # the entries tied at T (needed on rows with fewer than k entries above it) written by one
         # program per chunk ("chunk"), or by the rank programs after their ranks ("rank": the
-        # launch holds no program for them; at 64 rows of 128K, 4,096 of its 6,144 are such)
-        ties = self._overrides.get("TIES", "chunk")
+        # launch holds no program for them; at 64 rows of 128K, 4,096 of its 6,144 are such).
+        # H100 sweep (bench_layer_batch.py --topk-ties, 2026-12-05), k = 512 of 128K, us for
+        # chunk / rank: 64 rows, Full scores 60.3 / 56.8, Reindex 60.6 / 57.3, listed pool
+        # 34.4 / 34.6; one row 13.7 / 13.4, 13.8 / 13.6, 13.1 / 12.8
+        ties = self._overrides.get("TIES", "rank")
         require(ties in ("chunk", "rank"), f"StableTopk: TIES must be 'chunk' or 'rank', got {ties!r}")
         ties_in_rank = ties == "rank"
         cap = k_out * block  # above (k - 1) x block entries cannot be above T (prefilter.py)
