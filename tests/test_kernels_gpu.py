@@ -168,10 +168,11 @@ def test_index_score_fp4_batch_launch_is_the_one_row_launch_bit_for_bit(gen):
     assert_kernel_matches(batch, index_ref.csa2_index_score_fp4, args, {}, BF16, "index scores fp4 batch")
 
 
-@pytest.mark.parametrize("s", [1, 3, 20, 40, 67])
+@pytest.mark.parametrize("s", [1, 3, 20, 40, 64, 65, 67])
 def test_sparse_attention_flash_sizes(gen, s):
-    """Decode blocks (1, 3 rows) and the batch form (20 rows: 32-key blocks, 6 splits; 40 rows:
-    64-key blocks, 3 splits; 67: one)."""
+    """Decode blocks (1, 3 rows) and the batch form: up to 64 rows 32-key blocks in 3 stages with
+    the ids loaded ahead (20 rows: 6 splits, 40: 3, 64: 2), then 64-key blocks in 2 stages (65
+    rows: 2 splits, 67: one)."""
     args = attention_inputs(gen, s)
     poison_allocator()
     got = attn_kernel.csa2_sparse_attention(*cuda(*args))
@@ -189,11 +190,13 @@ def test_sparse_attention_gather_options_change_no_bit(gen, s, option):
     """The L2 prefetch (PREFETCH key blocks ahead, past the split's end and into the window
     blocks) and the ids loaded a step ahead (INDEX_AHEAD) change only when bytes arrive: the same
     output, bit for bit, as the same launch without them. Decode splits of one block (1 row), the
-    batch form's 32- and 64-key blocks over several splits (20, 40 rows) and unsplit (67 rows)."""
+    batch form's 32-key blocks over several splits (20, 40 rows) and its 64-key blocks unsplit
+    (67 rows)."""
     args = cuda(*attention_inputs(gen, s))
     poison_allocator()
-    want = attn_kernel.SparseAttentionLauncher()(*args)
-    got = attn_kernel.SparseAttentionLauncher(overrides=GATHER_OPTIONS[option])(*args)
+    plain = {"INDEX_AHEAD": False, "PREFETCH": 0}  # the batch form loads the ids ahead by default
+    want = attn_kernel.SparseAttentionLauncher(overrides=plain)(*args)
+    got = attn_kernel.SparseAttentionLauncher(overrides=plain | GATHER_OPTIONS[option])(*args)
     assert torch.equal(got, want)
 
 
