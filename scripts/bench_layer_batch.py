@@ -122,7 +122,11 @@ def layer_inputs(batch: int, ctx: int, gen: torch.Generator) -> dict:
         return torch.randn(*shape, generator=gen, device="cuda", dtype=dtype)
 
     ik = randn(batch, ctx, INDEX_DIM)
-    codes, exps = fp4_pow2_pack(ik)
+    # packed a row at a time: packing all 128 rows of 128K at once made a 16 GB temporary, over
+    # what an 80 GB H100 had left beside the KV (session 30)
+    packed = [fp4_pow2_pack(ik[b:b + 1]) for b in range(batch)]
+    codes, exps = torch.cat([c for c, _ in packed]), torch.cat([e for _, e in packed])
+    del packed
     blocks = ctx // CAND_BLOCK
     pool = torch.zeros(batch, blocks, dtype=torch.bool, device="cuda")
     picks = torch.rand(batch, blocks, generator=gen, device="cuda").argsort(dim=1)[:, :CAND_BLOCKS]
