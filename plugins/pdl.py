@@ -68,7 +68,7 @@ def pdl_kernel_specs() -> dict:
     from dsflash.plugins.csa2_index_score import fp4_mma, pool_list, pooled, pooled_fp4
     from dsflash.plugins.csa2_index_score import kernel as index
     from dsflash.plugins.csa2_index_score import trt as index_trt
-    from dsflash.plugins.csa2_sparse_attention import entries_fp4
+    from dsflash.plugins.csa2_sparse_attention import entries_fp4, splits
     from dsflash.plugins.csa2_sparse_attention import kernel as attention
     from dsflash.plugins.csa2_sparse_attention import trt as attention_trt
     from dsflash.plugins.csa2_sparse_attention import trt_entries_fp4 as entries_trt
@@ -147,10 +147,11 @@ def pdl_kernel_specs() -> dict:
                                       "PP": 64, "HIST_BINS": 256, "PASSES": 4, "TIES_IN_RANK": True}),
         "attention_split": (attention.csa2_sparse_attention_kernel, attention_trt.kernel_signature(bf16),
                             {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True} | attn_cfg),
+        # the batch form of many rows (64-key blocks) ...
         "attention_batch": (attention.csa2_sparse_attention_kernel, attention_trt.kernel_signature(bf16),
                             {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True}
-                            | constants(attention.launch_config(64, 512, bf16, rows=64))),
-        # the gather options of the batch form: the ids a loop step ahead, L2 hints ahead
+                            | constants(attention.launch_config(64, 512, bf16, rows=splits.AHEAD_ROWS + 1))),
+        # ... and of up to 64 rows (32-key blocks, the ids a loop step ahead), with L2 hints ahead
         "attention_gather_ahead": (
             attention.csa2_sparse_attention_kernel, attention_trt.kernel_signature(bf16),
             {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True}
