@@ -18,7 +18,7 @@ import torch
 from dsflash.export.bundle import Bundle
 from dsflash.runtime.cache_manager import CacheManager
 from dsflash.runtime.engine import BACKENDS, TORCH_BACKENDS, make_engines
-from dsflash.runtime.generator import Generator, TokenEvent
+from dsflash.runtime.generator import Generator, TokenEvent, token_ids
 from dsflash.runtime.request import GenerationParams, Request
 from dsflash.runtime.tokenizer import ByteTokenizer, HFTokenizer
 
@@ -56,10 +56,16 @@ class Runtime:
         return self.generator.warm_up(batch_sizes, prompt_lengths, prefill_mode)
 
     def _encode(self, prompt) -> list[int]:
-        return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        """Text through the tokenizer; a sequence of ids as it is (Generator.add checks it)."""
+        return self.tokenizer.encode(prompt) if isinstance(prompt, str) else token_ids(prompt)
 
     def generate(self, prompts: list, params: GenerationParams = GenerationParams()) -> list[Request]:
-        ids = [self.generator.add(self._encode(p), params) for p in prompts]
+        """Serve a list of prompts (text or ids) to the end; -> their requests in order. Every
+        prompt is checked before any is queued, so one bad prompt leaves nothing behind."""
+        if isinstance(prompts, (str, bytes)):
+            raise TypeError("Runtime.generate takes a list of prompts: [prompt] for one, or stream()")
+        encoded = [self.generator.check_request(self._encode(p), params) for p in prompts]
+        ids = [self.generator.add(p, params) for p in encoded]
         self.generator.run()
         return [self.generator.requests[i] for i in ids]
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -37,6 +38,23 @@ class TokenEvent:
     finish_reason: str | None = None
 
 
+def token_ids(prompt) -> list[int]:
+    """A prompt's ids as Python ints; a float, bool or string id raises (int() would truncate 1.5
+    to 1 and serve a prompt the caller never sent)."""
+    if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__iter__"):
+        raise TypeError(f"a prompt of ids is a sequence of ints, not {type(prompt).__name__}")
+    ids = []
+    for pos, tok in enumerate(prompt):
+        if isinstance(tok, bool):
+            raise TypeError(f"token {pos} of the prompt is a bool ({tok}), not a token id")
+        try:
+            ids.append(operator.index(tok))  # int, numpy integer, one-element integer tensor
+        except TypeError:
+            raise TypeError(f"token {pos} of the prompt is {tok!r} ({type(tok).__name__}), "
+                            "not an integer token id") from None
+    return ids
+
+
 class Generator:
     def __init__(self, engines: dict, cache: CacheManager, tokenizer=None, prefills_per_step: int = 1):
         self.engines, self.cache, self.tokenizer = engines, cache, tokenizer
@@ -50,7 +68,19 @@ class Generator:
 
     # ------------------------------------------------------------------ requests
     def add(self, prompt: list[int], params: GenerationParams = GenerationParams()) -> int:
-        prompt = [int(t) for t in prompt]
+        """Queue one request; -> its id. Raises before queueing anything (check_request)."""
+        prompt = self.check_request(prompt, params)
+        req = Request(next(self._ids), prompt, params)
+        seed = params.sampling.seed
+        self._rngs[req.request_id] = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+        return req.request_id
+
+    def check_request(self, prompt, params: GenerationParams) -> list[int]:
+        """The prompt's ids if this generator can serve it with `params`; else ValueError / TypeError
+        naming the value and the limit."""
+        prompt = token_ids(prompt)
         if not prompt:
             raise ValueError("a prompt needs at least one token")
         bad = [t for t in prompt if not 0 <= t < self.cfg.vocab_size]
@@ -62,12 +92,7 @@ class Generator:
                              f"= {need} exceeds the cache capacity {self.cache.capacity}")
         if params.stop_strings and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
-        req = Request(next(self._ids), prompt, params)
-        seed = params.sampling.seed
-        self._rngs[req.request_id] = torch.Generator().manual_seed(seed) if seed is not None else None
-        self.requests[req.request_id] = req
-        self.waiting.append(req)
-        return req.request_id
+        return prompt
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)

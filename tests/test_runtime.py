@@ -177,6 +177,26 @@ def test_errors_are_clear(tiny_bundle, tiny_model):
         req.advance("decoding")
 
 
+def test_prompt_ids_are_checked_before_any_is_queued(tiny_bundle):
+    rt = Runtime.from_bundle(tiny_bundle.path, backend="torch", slots=2, capacity=32)
+    params = GenerationParams(max_new_tokens=2)
+    with pytest.raises(TypeError, match=r"token 1 of the prompt is 1.5 \(float\), not an integer token id"):
+        rt.generate([[3, 4], [2, 1.5]], params)
+    with pytest.raises(TypeError, match=r"token 0 of the prompt is a bool"):
+        rt.generate([[True, 2]], params)
+    with pytest.raises(TypeError, match="a prompt of ids is a sequence of ints, not NoneType"):
+        rt.generate([None], params)
+    with pytest.raises(TypeError, match=r"takes a list of prompts: \[prompt\] for one"):
+        rt.generate("hello", params)
+    with pytest.raises(ValueError, match=r"token id 512 outside the vocabulary"):
+        rt.generate([[3, 4], [512]], params)
+    assert not rt.generator.has_unfinished()  # the good first prompts were not left queued
+    ids = torch.tensor([5, 6, 7])
+    [req] = rt.generate([ids], params)  # integer tensors and numpy ints are ids
+    [same] = rt.generate([[5, 6, 7]], params)
+    assert req.prompt == [5, 6, 7] and req.tokens == same.tokens and len(req.tokens) == 2
+
+
 def test_more_requests_than_slots_all_finish(tiny_bundle, tiny_model, gen):
     cfg = tiny_model.cfg
     g = Generator(engines_for("torch", tiny_bundle, tiny_model), CacheManager(cfg, 2, 64))
