@@ -13,6 +13,7 @@ import logging
 import sys
 import time
 
+from dsflash.export.bundle import BundleError
 from dsflash.model.generate import SamplingParams
 from dsflash.model.model import PREFILL_MODES
 from dsflash.runtime.api import Runtime
@@ -54,6 +55,15 @@ def main() -> int:
             prompts += [line.rstrip("\n") for line in f if line.strip()]
     if not prompts:
         ap.error("give --prompt or --prompts-file")
+    try:
+        return serve(args, prompts)
+    except (BundleError, ValueError, TypeError) as err:
+        # what the library raises for a bad bundle or request names the value and the limit: say
+        # that line, not a traceback (an error inside a backend is none of these and keeps its own)
+        ap.exit(2, f"{ap.prog}: error: {err}\n")
+
+
+def serve(args, prompts: list[str]) -> int:
     rt = Runtime.from_bundle(args.bundle, backend=args.backend, slots=args.slots,
                              capacity=args.capacity, tokenizer=args.tokenizer,
                              compile_options=TUNED_COMPILE if args.tuned_compile else None)

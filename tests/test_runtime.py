@@ -1,5 +1,9 @@
 """Runtime: engines behind one interface, cache manager, continuous batching (issue: runtime)."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -329,3 +333,23 @@ def test_torch_engine_graphs_only_one_row_steps(tiny_model, gen):
                resident=["seq_len", "swa_kv"])
     at = engine.input_names.index
     assert calls == [(1, ()), (1, (at("swa_kv"), at("seq_len")))]
+
+
+def test_generate_script_serves_and_says_bad_requests_in_one_line(tiny_bundle):
+    script = Path(__file__).resolve().parents[1] / "scripts" / "generate.py"
+
+    def run(*args):
+        return subprocess.run([sys.executable, str(script), "--bundle", str(tiny_bundle.path),
+                               "--backend", "torch", *args], capture_output=True, text=True, timeout=300,
+                              check=False)
+
+    ok = run("--prompt", "hi", "--max-new-tokens", "3", "--capacity", "32")
+    assert ok.returncode == 0, ok.stderr
+    assert "tokens=[" in ok.stdout and "finish=length" in ok.stdout and "3 tokens in" in ok.stdout
+    over = run("--prompt", "hi", "--max-new-tokens", "40", "--capacity", "32")
+    assert over.returncode == 2
+    assert over.stderr.strip().splitlines() == [
+        "generate.py: error: prompt of 2 tokens + max_new_tokens 40 = 42 exceeds the cache capacity 32"]
+    missing = run("--prompt", "hi", "--bundle", str(tiny_bundle.path.parent / "nothing"))
+    assert missing.returncode == 2 and "is not a bundle: manifest.json is missing" in missing.stderr
+    assert "Traceback" not in missing.stderr
