@@ -72,11 +72,12 @@ def load_safetensors(model: nn.Module, path: str | Path, strict: bool = True) ->
     if strict and (missing or unexpected):
         raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]} "
                          f"({len(missing)} in all), unexpected {unexpected[:5]} ({len(unexpected)})")
-    for name, tensor in loaded.items():
-        if name not in own:
-            continue
-        if tuple(tensor.shape) != tuple(own[name].shape):
-            raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, the model "
-                             f"expects {tuple(own[name].shape)}")
-        own[name].copy_(tensor.to(own[name].dtype))
+    shared = [name for name in loaded if name in own]
+    # every shape checked before the first copy: a refused checkpoint leaves the model as it was
+    for name in shared:
+        if tuple(loaded[name].shape) != tuple(own[name].shape):
+            raise ValueError(f"checkpoint tensor {name} has shape {tuple(loaded[name].shape)}, the "
+                             f"model expects {tuple(own[name].shape)}")
+    for name in shared:
+        own[name].copy_(loaded[name].to(own[name].dtype))
     log.info("loaded %d tensors from %s", len(loaded), path)

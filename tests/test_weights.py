@@ -42,5 +42,10 @@ def test_mismatched_checkpoint_refused(tiny_model, tiny_cfg, tmp_path):
     state = {k: v.clone() for k, v in tiny_model.state_dict().items()}
     state["norm.weight"] = torch.ones(3)
     save_file(state, str(tmp_path / "shape.safetensors"))
+    fresh = DSFlashModel(tiny_cfg)
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
     with pytest.raises(ValueError, match=r"norm.weight has shape \(3,\), the model expects \(64,\)"):
-        load_safetensors(DSFlashModel(tiny_cfg), tmp_path / "shape.safetensors")
+        load_safetensors(fresh, tmp_path / "shape.safetensors")
+    # refused before any copy: the model keeps its own weights, none of the checkpoint's
+    assert all(torch.equal(v, before[k]) for k, v in fresh.state_dict().items())
+    assert not torch.equal(fresh.embed.weight, tiny_model.embed.weight)
