@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from dsflash.model.config import ModelConfig
+from dsflash.model.config_checks import positive_int, whole_number
 
 
 @dataclass(frozen=True)
@@ -125,9 +126,8 @@ class ModelCache:
     @classmethod
     def allocate(cls, cfg: ModelConfig, batch: int, capacity: int, device="cpu",
                  dtype: torch.dtype = torch.float32) -> ModelCache:
-        if batch <= 0:
-            raise ValueError(f"batch={batch} must be > 0")
-        if not 0 < capacity <= cfg.max_position_embeddings:
+        batch = positive_int("batch", batch)
+        if not 0 < whole_number("capacity", capacity) <= cfg.max_position_embeddings:
             raise ValueError(f"capacity={capacity} must be in [1, max_position_embeddings="
                              f"{cfg.max_position_embeddings}]")
         tensors = {s.name: torch.full(resolve_shape(s.shape, cfg, batch, capacity), s.fill,

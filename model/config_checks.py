@@ -13,6 +13,21 @@ if TYPE_CHECKING:
     from dsflash.model.config import ModelConfig
 
 
+def whole_number(name: str, value):
+    """`value` itself if it is an int or numpy integer, not a bool or a float: a 2.5 slots or
+    tokens count is a caller's mistake to name, not to round."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name}={value!r} must be an int, not {type(value).__name__}")
+    return value
+
+
+def positive_int(name: str, value):
+    """`value` itself if it is a whole number (whole_number) > 0."""
+    if whole_number(name, value) <= 0:
+        raise ValueError(f"{name}={value} must be > 0")
+    return value  # as given: int() would specialise a traced size (torch.SymInt) to one value
+
+
 def _positive(cfg: ModelConfig, *names: str) -> None:
     for name in names:
         value = getattr(cfg, name)

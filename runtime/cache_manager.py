@@ -17,11 +17,13 @@ from dsflash.export.graphs import additions_for_cache
 from dsflash.model.accounting import global_kv_bytes_per_token, max_sequences, per_sequence_bytes
 from dsflash.model.cache import ModelCache, check_capacity, check_slot_ids
 from dsflash.model.config import ModelConfig
+from dsflash.model.config_checks import positive_int
 
 
 class CacheManager:
     def __init__(self, cfg: ModelConfig, slots: int, capacity: int, device="cpu",
                  dtype: torch.dtype = torch.float32):
+        slots = positive_int("slots", slots)  # named as the caller knows it (the cache says batch)
         self.cfg, self.capacity = cfg, capacity
         self.cache = ModelCache.allocate(cfg, slots, capacity, device, dtype)
         self._free = list(range(slots))  # a heap: acquire hands out the lowest free slot

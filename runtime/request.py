@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from dsflash.model.config_checks import positive_int
 from dsflash.model.generate import SamplingParams
 from dsflash.model.model import check_prefill_mode
 
@@ -21,8 +22,7 @@ class GenerationParams:
     prefill_mode: str = "replay"
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be > 0")
+        positive_int("max_new_tokens", self.max_new_tokens)
         check_prefill_mode(self.prefill_mode)
 
 

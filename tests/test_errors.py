@@ -51,3 +51,22 @@ def test_bad_vocab_map(tiny_cfg):
         DSFlashModel(tiny_cfg, vocab_map=np.zeros(3, dtype=np.int64))
     with pytest.raises(ValueError, match="outside \\[0, engram_compressed_vocab_size=256\\)"):
         DSFlashModel(tiny_cfg, vocab_map=np.full(512, 300, dtype=np.int64))
+
+
+def test_counts_must_be_whole_numbers(tiny_model):
+    from dsflash.runtime.cache_manager import CacheManager
+    from dsflash.runtime.request import GenerationParams
+
+    cfg = tiny_model.cfg
+    with pytest.raises(TypeError, match="slots=2.5 must be an int, not float"):
+        CacheManager(cfg, 2.5, 16)
+    with pytest.raises(ValueError, match="slots=0 must be > 0"):
+        CacheManager(cfg, 0, 16)
+    with pytest.raises(TypeError, match="capacity=16.0 must be an int, not float"):
+        ModelCache.allocate(cfg, 1, 16.0)
+    with pytest.raises(TypeError, match="batch=True must be an int, not bool"):
+        ModelCache.allocate(cfg, True, 16)
+    with pytest.raises(TypeError, match="max_new_tokens=4.0 must be an int, not float"):
+        GenerationParams(max_new_tokens=4.0)
+    cm = CacheManager(cfg, np.int64(2), np.int32(16))  # numpy integers are whole numbers
+    assert cm.slots == 2 and cm.cache.capacity == 16
