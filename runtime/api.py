@@ -66,11 +66,31 @@ class Runtime:
             raise TypeError("Runtime.generate takes a list of prompts: [prompt] for one, or stream()")
         encoded = [self.generator.check_request(self._encode(p), params) for p in prompts]
         ids = [self.generator.add(p, params) for p in encoded]
-        self.generator.run()
-        return [self.generator.requests[i] for i in ids]
+        try:
+            self.generator.run()
+        finally:  # an engine error leaves none of these requests queued or holding a slot
+            for rid in ids:
+                self.generator.cancel(rid)
+        return [self.generator.forget(rid) for rid in ids]
 
     def stream(self, prompt, params: GenerationParams = GenerationParams()) -> Iterator[TokenEvent]:
+        """The tokens of one prompt as they come. The prompt is checked and queued here, before
+        the first next(); leaving the loop early (break, close(), an exception) cancels the
+        request and frees its slot. Each next() runs generator steps for every running request;
+        the events of other requests go to no one, so serve one stream or generate() at a time
+        (a generate() between two next() finishes this request too, and the stream then ends)."""
         rid = self.generator.add(self._encode(prompt), params)
-        for event in self.generator.stream():
-            if event.request_id == rid:
-                yield event
+        return self._events(rid)
+
+    def _events(self, rid: int) -> Iterator[TokenEvent]:
+        req = self.generator.requests[rid]
+        try:
+            # its state, not its last event, ends the loop: a request cancelled from elsewhere
+            # has no last event
+            while req.state != "finished":
+                for event in self.generator.step():
+                    if event.request_id == rid:
+                        yield event
+        finally:
+            self.generator.cancel(rid)
+            self.generator.forget(rid)

@@ -94,6 +94,39 @@ class Generator:
             raise ValueError("stop strings need a tokenizer")
         return prompt
 
+    def cancel(self, request_id: int) -> bool:
+        """Finish a waiting or running request now (finish_reason "cancelled"), freeing its slot
+        for the next step; -> False if it had already finished. Between steps only: the loop is
+        not thread-safe."""
+        req = self._known(request_id)
+        if req.state == "finished":
+            return False
+        if req.state == "waiting":
+            self.waiting.remove(req)
+        else:
+            self.running.pop(request_id)
+            self.cache.release(req.slot)
+        req.advance("finished")
+        req.finish_reason = "cancelled"
+        log.debug("request %d cancelled after %d tokens", request_id, len(req.tokens))
+        return True
+
+    def forget(self, request_id: int) -> Request:
+        """Drop a finished request from `requests` (a long-running service would otherwise keep
+        every request it ever served); -> the request."""
+        req = self._known(request_id)
+        if req.state != "finished":
+            raise RuntimeError(f"request {request_id} is {req.state}: cancel it or let it finish "
+                               "before forgetting it")
+        self._rngs.pop(request_id, None)
+        return self.requests.pop(request_id)
+
+    def _known(self, request_id: int) -> Request:
+        if request_id not in self.requests:
+            raise KeyError(f"no request {request_id} in this generator (finished and forgotten, "
+                           "or never added)")
+        return self.requests[request_id]
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 

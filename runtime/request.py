@@ -9,7 +9,8 @@ from dsflash.model.config_checks import positive_int
 from dsflash.model.generate import SamplingParams
 from dsflash.model.model import check_prefill_mode
 
-TRANSITIONS = {"waiting": ("prefill",), "prefill": ("decoding", "finished"),
+# waiting -> finished: a request cancelled before it had a slot
+TRANSITIONS = {"waiting": ("prefill", "finished"), "prefill": ("decoding", "finished"),
                "decoding": ("finished",), "finished": ()}
 
 

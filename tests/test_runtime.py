@@ -285,6 +285,47 @@ def test_runtime_facade_streams_text(tiny_bundle):
     assert set(rt.warm_up(batch_sizes=[1, 2])) == {"decode 1", "decode 2"}
 
 
+def test_cancel_frees_the_slot_and_an_abandoned_stream_cancels(tiny_bundle, tiny_model, gen):
+    cfg = tiny_model.cfg
+    g = Generator(engines_for("torch", tiny_bundle, tiny_model), CacheManager(cfg, 1, 64))
+    params = GenerationParams(max_new_tokens=20)
+    running = g.add([3, 4, 5], params)
+    queued = g.add([6, 7], params)  # no second slot: it waits
+    g.step()
+    g.step()
+    assert g.requests[running].state == "decoding" and g.requests[queued].state == "waiting"
+    assert g.cancel(queued) and g.requests[queued].finish_reason == "cancelled"
+    assert list(g.waiting) == []
+    assert g.cancel(running) and g.cache.free_slots == 1 and not g.has_unfinished()
+    assert len(g.requests[running].tokens) == 2 and not g.cancel(running)  # already finished
+    with pytest.raises(RuntimeError, match="illegal transition finished -> prefill"):
+        g.requests[running].advance("prefill")
+    later = g.add([3, 4, 5], params)
+    with pytest.raises(RuntimeError, match=f"request {later} is waiting: cancel it or let it finish"):
+        g.forget(later)
+    assert g.forget(running).request_id == running and running not in g.requests
+    with pytest.raises(KeyError, match=f"no request {running} in this generator"):
+        g.cancel(running)
+    # the slot the cancelled request held serves the next one as a fresh sequence
+    done = g.run()[later]
+    fresh = Generator(engines_for("torch", tiny_bundle, tiny_model), CacheManager(cfg, 1, 64))
+    again = fresh.add([3, 4, 5], params)
+    assert done.tokens == fresh.run()[again].tokens
+
+    rt = Runtime.from_bundle(tiny_bundle.path, backend="torch", slots=1, capacity=64)
+    events = rt.stream([3, 4, 5], params)  # queued already, before the first next()
+    assert rt.generator.has_unfinished()
+    first = [next(events), next(events)]
+    events.close()  # the caller stops reading: the request is cancelled and forgotten
+    assert not rt.generator.has_unfinished() and not rt.generator.requests
+    assert rt.generator.cache.free_slots == 1
+    [req] = rt.generate([[3, 4, 5]], params)
+    assert [e.token for e in first] == req.tokens[:2] and req.finish_reason == "length"
+    assert not rt.generator.requests  # generate() hands its requests back and keeps none
+    with pytest.raises(TypeError, match="a prompt of ids is a sequence of ints"):
+        rt.stream(None, params)  # raised at the call, not at the first next()
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
