@@ -68,10 +68,11 @@ class Runtime:
         ids = [self.generator.add(p, params) for p in encoded]
         try:
             self.generator.run()
-        finally:  # an engine error leaves none of these requests queued or holding a slot
+        finally:  # an engine error leaves none of these requests queued, kept or holding a slot
             for rid in ids:
                 self.generator.cancel(rid)
-        return [self.generator.forget(rid) for rid in ids]
+            done = [self.generator.forget(rid) for rid in ids]
+        return done
 
     def stream(self, prompt, params: GenerationParams = GenerationParams()) -> Iterator[TokenEvent]:
         """The tokens of one prompt as they come. The prompt is checked and queued here, before

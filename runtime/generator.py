@@ -103,8 +103,8 @@ class Generator:
             return False
         if req.state == "waiting":
             self.waiting.remove(req)
-        else:
-            self.running.pop(request_id)
+        else:  # decoding, or prefill when an engine raised inside _prefill (not yet running)
+            self.running.pop(request_id, None)
             self.cache.release(req.slot)
         req.advance("finished")
         req.finish_reason = "cancelled"

@@ -326,6 +326,36 @@ def test_cancel_frees_the_slot_and_an_abandoned_stream_cancels(tiny_bundle, tiny
         rt.stream(None, params)  # raised at the call, not at the first next()
 
 
+class FailingEngine:
+    """An engine that raises on its `fail_at`-th call (counting from 1), as a backend error would."""
+
+    def __init__(self, engine, fail_at: int):
+        self.engine, self.fail_at, self.calls = engine, fail_at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def run(self, feeds, resident=()):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("engine failure")
+        return self.engine.run(feeds, resident=resident)
+
+
+@pytest.mark.parametrize("fail_at", [1, 3])  # inside the first prefill; in a decode step
+def test_an_engine_error_leaves_no_request_holding_a_slot(tiny_bundle, tiny_model, fail_at):
+    engines = engines_for("torch", tiny_bundle, tiny_model)
+    engines["decoder_step"] = FailingEngine(engines["decoder_step"], fail_at)
+    rt = Runtime(Generator(engines, CacheManager(tiny_model.cfg, 2, 64)), "torch")
+    params = GenerationParams(max_new_tokens=4)
+    with pytest.raises(RuntimeError, match="engine failure"):
+        rt.generate([[3, 4, 5], [6, 7]], params)
+    assert not rt.generator.has_unfinished() and rt.generator.cache.free_slots == 2
+    assert not rt.generator.requests
+    [again] = rt.generate([[3, 4, 5]], params)  # the generator serves on
+    assert again.finish_reason == "length" and len(again.tokens) == 4
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
