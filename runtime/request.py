@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from dsflash.model.config_checks import positive_int
+from dsflash.model.config_checks import positive_int, whole_number
 from dsflash.model.generate import SamplingParams
 from dsflash.model.model import check_prefill_mode
 
@@ -24,6 +24,16 @@ class GenerationParams:
 
     def __post_init__(self) -> None:
         positive_int("max_new_tokens", self.max_new_tokens)
+        # a bare str would be taken as one stop string per character, a bare int would fail
+        # mid-generation: both are refused here, and lists become the frozen tuples they stand for
+        if isinstance(self.stop_strings, (str, bytes)) or not all(
+                isinstance(s, str) and s for s in self.stop_strings):
+            raise TypeError(f"stop_strings={self.stop_strings!r} must be a sequence of non-empty str")
+        if isinstance(self.stop_token_ids, (str, bytes)) or not hasattr(self.stop_token_ids, "__iter__"):
+            raise TypeError(f"stop_token_ids={self.stop_token_ids!r} must be a sequence of token ids")
+        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+        object.__setattr__(self, "stop_token_ids",
+                           tuple(whole_number("stop_token_ids[]", t) for t in self.stop_token_ids))
         check_prefill_mode(self.prefill_mode)
 
 

@@ -70,3 +70,20 @@ def test_counts_must_be_whole_numbers(tiny_model):
         GenerationParams(max_new_tokens=4.0)
     cm = CacheManager(cfg, np.int64(2), np.int32(16))  # numpy integers are whole numbers
     assert cm.slots == 2 and cm.cache.capacity == 16
+
+
+def test_stop_conditions_are_sequences():
+    from dsflash.runtime.request import GenerationParams
+
+    # a bare str would stop on each of its characters; "" would stop before the first token
+    with pytest.raises(TypeError, match="stop_strings='ab' must be a sequence of non-empty str"):
+        GenerationParams(stop_strings="ab")
+    with pytest.raises(TypeError, match="must be a sequence of non-empty str"):
+        GenerationParams(stop_strings=["ab", ""])
+    with pytest.raises(TypeError, match="stop_token_ids=5 must be a sequence of token ids"):
+        GenerationParams(stop_token_ids=5)
+    with pytest.raises(TypeError, match=r"stop_token_ids\[\]=1.5 must be an int"):
+        GenerationParams(stop_token_ids=[1.5])
+    params = GenerationParams(stop_token_ids=[np.int64(2), 7], stop_strings=["\n\n"])
+    assert params.stop_token_ids == (2, 7) and params.stop_strings == ("\n\n",)
+    hash(params)  # lists were frozen into tuples: the params stay hashable
