@@ -47,6 +47,10 @@ class Runtime:
             model = model_from_bundle(bundle).to(device)
         engines = make_engines(backend, bundle=bundle, model=model, compile_options=compile_options)
         tok = HFTokenizer(tokenizer) if tokenizer else ByteTokenizer(bundle.config.vocab_size)
+        if tok.vocab_size > bundle.config.vocab_size:
+            # a smaller vocabulary is usual (padded embeddings); a larger one yields ids the model lacks
+            raise ValueError(f"tokenizer {tokenizer} has {tok.vocab_size} ids, over the model's "
+                             f"vocab_size {bundle.config.vocab_size}")
         cache = CacheManager(bundle.config, slots, capacity, device=device, dtype=bundle.dtype)
         return cls(Generator(engines, cache, tok), backend)
 

@@ -50,6 +50,8 @@ class HFTokenizer:
     def __init__(self, path: str | Path):
         from tokenizers import Tokenizer
 
+        if not Path(path).is_file():  # the tokenizers library's own error names no path
+            raise FileNotFoundError(f"tokenizer file {path} does not exist")
         self.tok = Tokenizer.from_file(str(path))
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
 

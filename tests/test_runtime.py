@@ -326,6 +326,16 @@ def test_cancel_frees_the_slot_and_an_abandoned_stream_cancels(tiny_bundle, tiny
         rt.stream(None, params)  # raised at the call, not at the first next()
 
 
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tiny_bundle, tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models
+
+    vocab = {f"w{i}": i for i in range(600)}  # the tiny model has 512 ids
+    tokenizers.Tokenizer(models.WordLevel(vocab, unk_token="w0")).save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(ValueError, match="has 600 ids, over the model's vocab_size 512"):
+        Runtime.from_bundle(tiny_bundle.path, backend="ort", tokenizer=tmp_path / "tokenizer.json")
+
+
 class FailingEngine:
     """An engine that raises on its `fail_at`-th call (counting from 1), as a backend error would."""
 

@@ -36,3 +36,9 @@ def test_hf_tokenizer(tmp_path):
     assert m[1] == m[2] and m[3] == m[4] and m[0] != m[1]
     with pytest.raises(ValueError, match="compresses to 3 ids, the config says 4"):
         tok.compression_map(4)
+
+
+def test_hf_tokenizer_missing_file_names_its_path(tmp_path):
+    pytest.importorskip("tokenizers")
+    with pytest.raises(FileNotFoundError, match=f"tokenizer file {tmp_path / 'none.json'} does not exist"):
+        HFTokenizer(tmp_path / "none.json")
