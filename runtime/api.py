@@ -59,7 +59,7 @@ class Runtime:
         call it once after from_bundle; -> seconds per warmed step."""
         return self.generator.warm_up(batch_sizes, prompt_lengths, prefill_mode)
 
-    def _encode(self, prompt) -> list[int]:
+    def encode(self, prompt) -> list[int]:
         """Text through the tokenizer; a sequence of ids as it is (Generator.add checks it)."""
         return self.tokenizer.encode(prompt) if isinstance(prompt, str) else token_ids(prompt)
 
@@ -68,7 +68,7 @@ class Runtime:
         prompt is checked before any is queued, so one bad prompt leaves nothing behind."""
         if isinstance(prompts, (str, bytes)):
             raise TypeError("Runtime.generate takes a list of prompts: [prompt] for one, or stream()")
-        encoded = [self.generator.check_request(self._encode(p), params) for p in prompts]
+        encoded = [self.generator.check_request(self.encode(p), params) for p in prompts]
         ids = [self.generator.add(p, params) for p in encoded]
         try:
             self.generator.run()
@@ -84,7 +84,7 @@ class Runtime:
         request and frees its slot. Each next() runs generator steps for every running request;
         the events of other requests go to no one, so serve one stream or generate() at a time
         (a generate() between two next() finishes this request too, and the stream then ends)."""
-        rid = self.generator.add(self._encode(prompt), params)
+        rid = self.generator.add(self.encode(prompt), params)
         return self._events(rid)
 
     def _events(self, rid: int) -> Iterator[TokenEvent]:
