@@ -119,3 +119,44 @@ def test_rotary_tables_on_the_gpu_eager_and_compiled_match_the_fp64_angles():
             err = max((cos.cpu().double() - angles.cos()).abs().max().item(),
                       (sin.cpu().double() - angles.sin()).abs().max().item())
             assert err <= ROUNDING_FLOOR[torch.float32], (name, err)
+
+
+def test_serving_loop_captures_and_replays_graphs_in_its_own_thread(tiny_cfg, gen):
+    """ServingLoop on the graphed Triton backend: the loop thread (not the test's) captures and
+    replays the decode graphs; three threads' requests give the tokens of the reference ops'
+    single-threaded run."""
+    import threading
+
+    from dsflash.model.model import DSFlashModel
+    from dsflash.runtime.api import Runtime
+    from dsflash.runtime.cache_manager import CacheManager
+    from dsflash.runtime.engine import make_engines
+    from dsflash.runtime.generator import Generator
+    from dsflash.runtime.request import GenerationParams
+    from dsflash.runtime.serving import ServingLoop
+
+    from conftest import random_ids
+
+    prompts = [random_ids(gen, 1, n, tiny_cfg.vocab_size)[0].tolist() for n in (11, 4, 7)]
+    params = GenerationParams(max_new_tokens=8)
+
+    def runtime(backend):
+        model = DSFlashModel(tiny_cfg).init_weights(seed=1234).eval().cuda()
+        cache = CacheManager(tiny_cfg, 3, 64, device="cuda")
+        return Runtime(Generator(make_engines(backend, model=model), cache), backend)
+
+    expected = [r.tokens for r in runtime("torch").generate(prompts, params)]
+    rt = runtime("torch-triton")
+    handles = [None] * len(prompts)
+    with ServingLoop(rt) as loop:
+        def client(i):
+            handles[i] = loop.submit(prompts[i], params)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        got = [h.result(timeout=300).tokens for h in handles]
+    assert got == expected
+    assert rt.generator.engines["decoder_step"]._graphed.captured >= 1  # graphs, in the loop thread
