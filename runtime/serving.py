@@ -93,10 +93,12 @@ class ServingLoop:
         self._gen = runtime.generator
         if self._gen.has_unfinished():
             raise RuntimeError("ServingLoop needs an idle runtime: finish or cancel its requests first")
-        self._wake = threading.Condition()  # guards the inbox, the cancels and _closed
+        self._wake = threading.Condition()  # guards the inbox, the cancels, _live and the two flags
         self._inbox: list[tuple[list[int], GenerationParams, RequestHandle]] = []
         self._cancels: list[RequestHandle] = []
         self._closed = False
+        self._stopped_by: BaseException | None = None  # what ended the loop thread, if not close()
+        self._live: set[RequestHandle] = set()  # every unfinished handle, for a loop that dies
         self._handles: dict[int, RequestHandle] = {}  # the loop thread's own
         self._thread = threading.Thread(target=self._loop, name="dsflash-serving", daemon=True)
         self._thread.start()
@@ -107,9 +109,12 @@ class ServingLoop:
         ids = self._gen.check_request(self.runtime.encode(prompt), params)
         handle = RequestHandle(self)
         with self._wake:
+            if self._stopped_by is not None:
+                raise RuntimeError(f"the serving loop stopped: {self._stopped_by!r}") from self._stopped_by
             if self._closed:
                 raise RuntimeError("the serving loop is closed")
             self._inbox.append((ids, params, handle))
+            self._live.add(handle)
             self._wake.notify()
         return handle
 
@@ -137,9 +142,25 @@ class ServingLoop:
     def _end(self, request_id: int, error: BaseException | None) -> None:
         """Finish a request (cancel it if unfinished) and hand it to its handle."""
         self._gen.cancel(request_id)
-        self._handles.pop(request_id)._finish(self._gen.forget(request_id), error)
+        handle = self._handles.pop(request_id)
+        with self._wake:
+            self._live.discard(handle)
+        handle._finish(self._gen.forget(request_id), error)
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as err:
+            # a bug outside the engine's step (which _serve catches): no caller may wait forever
+            log.exception("the serving loop stopped")
+            with self._wake:
+                self._closed, self._stopped_by = True, err
+                waiting, self._live = list(self._live), set()
+            for handle in waiting:
+                request = self._gen.requests.get(handle.request_id) if handle.request_id is not None else None
+                handle._finish(request, err)
+
+    def _serve(self) -> None:
         while True:
             with self._wake:
                 while not (self._closed or self._inbox or self._cancels or self._gen.has_unfinished()):

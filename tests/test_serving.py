@@ -108,3 +108,22 @@ def test_cancel_bad_input_engine_error_and_close(tiny_bundle, tiny_model):
         assert not handle.done()
         gate.set()
         assert handle.result(timeout=60).finish_reason == "length"
+
+
+def test_a_loop_that_stops_on_a_bug_fails_its_callers_instead_of_hanging(tiny_bundle, tiny_model):
+    rt, gate, _ = serving_runtime(tiny_bundle, tiny_model)
+    gate.set()
+
+    def broken_add(prompt, params):
+        raise KeyError("a bug in admission")
+
+    rt.generator.add = broken_add  # on the loop thread, after submit's checks passed
+    loop = ServingLoop(rt)
+    handle = loop.submit([3, 4], GenerationParams(max_new_tokens=2))
+    with pytest.raises(KeyError, match="a bug in admission"):
+        handle.result(timeout=60)
+    loop._thread.join(60)
+    assert not loop._thread.is_alive()
+    with pytest.raises(RuntimeError, match="the serving loop stopped: KeyError"):
+        loop.submit([3])
+    loop.close()  # closing a stopped loop is quiet
