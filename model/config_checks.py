@@ -30,9 +30,7 @@ def positive_int(name: str, value):
 
 def _positive(cfg: ModelConfig, *names: str) -> None:
     for name in names:
-        value = getattr(cfg, name)
-        if value <= 0:
-            raise ValueError(f"{name}={value} must be > 0")
+        positive_int(name, getattr(cfg, name))
 
 
 def validate_config(cfg: ModelConfig) -> None:

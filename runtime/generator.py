@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dsflash.model.config_checks import whole_number
 from dsflash.model.generate import sample_next
 from dsflash.model.model import check_prefill_mode, encoder_rows
 from dsflash.runtime.cache_manager import CacheManager
@@ -45,13 +46,12 @@ def token_ids(prompt) -> list[int]:
         raise TypeError(f"a prompt of ids is a sequence of ints, not {type(prompt).__name__}")
     ids = []
     for pos, tok in enumerate(prompt):
-        if isinstance(tok, bool):
-            raise TypeError(f"token {pos} of the prompt is a bool ({tok}), not a token id")
-        try:
-            ids.append(operator.index(tok))  # int, numpy integer, one-element integer tensor
-        except TypeError:
-            raise TypeError(f"token {pos} of the prompt is {tok!r} ({type(tok).__name__}), "
-                            "not an integer token id") from None
+        try:  # operator.index: ints, numpy integers, one-element integer tensors
+            ids.append(operator.index(whole_number(f"prompt[{pos}]", tok)))
+        except TypeError as err:
+            if str(err).startswith("prompt["):
+                raise
+            raise TypeError(f"prompt[{pos}]={tok!r} is not a token id: {err}") from None
     return ids
 
 

@@ -42,3 +42,21 @@ def tiny_bundle(tiny_model, tmp_path_factory):
 
     return write_bundle(tiny_model, tmp_path_factory.mktemp("bundle") / "tiny", "tiny",
                         ("plugin", "portable"), workers=2)
+
+
+def submit_from_threads(loop, prompts: list, params) -> list:
+    """Each prompt submitted to a ServingLoop from a thread of its own; -> the handles, in order,
+    once every thread has submitted."""
+    import threading
+
+    handles = [None] * len(prompts)
+
+    def client(i):
+        handles[i] = loop.submit(prompts[i], params)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return handles

@@ -184,9 +184,11 @@ def test_errors_are_clear(tiny_bundle, tiny_model):
 def test_prompt_ids_are_checked_before_any_is_queued(tiny_bundle):
     rt = Runtime.from_bundle(tiny_bundle.path, backend="torch", slots=2, capacity=32)
     params = GenerationParams(max_new_tokens=2)
-    with pytest.raises(TypeError, match=r"token 1 of the prompt is 1.5 \(float\), not an integer token id"):
+    with pytest.raises(TypeError, match=r"prompt\[1\]=1.5 must be an int, not float"):
         rt.generate([[3, 4], [2, 1.5]], params)
-    with pytest.raises(TypeError, match=r"token 0 of the prompt is a bool"):
+    with pytest.raises(TypeError, match=r"prompt\[0\]=tensor\(1.\) is not a token id"):
+        rt.generate([torch.tensor([1, 2.0])], params)  # a float tensor's elements
+    with pytest.raises(TypeError, match=r"prompt\[0\]=True must be an int, not bool"):
         rt.generate([[True, 2]], params)
     with pytest.raises(TypeError, match="a prompt of ids is a sequence of ints, not NoneType"):
         rt.generate([None], params)

@@ -125,8 +125,6 @@ def test_serving_loop_captures_and_replays_graphs_in_its_own_thread(tiny_cfg, ge
     """ServingLoop on the graphed Triton backend: the loop thread (not the test's) captures and
     replays the decode graphs; three threads' requests give the tokens of the reference ops'
     single-threaded run."""
-    import threading
-
     from dsflash.model.model import DSFlashModel
     from dsflash.runtime.api import Runtime
     from dsflash.runtime.cache_manager import CacheManager
@@ -135,7 +133,7 @@ def test_serving_loop_captures_and_replays_graphs_in_its_own_thread(tiny_cfg, ge
     from dsflash.runtime.request import GenerationParams
     from dsflash.runtime.serving import ServingLoop
 
-    from conftest import random_ids
+    from conftest import random_ids, submit_from_threads
 
     prompts = [random_ids(gen, 1, n, tiny_cfg.vocab_size)[0].tolist() for n in (11, 4, 7)]
     params = GenerationParams(max_new_tokens=8)
@@ -147,16 +145,7 @@ def test_serving_loop_captures_and_replays_graphs_in_its_own_thread(tiny_cfg, ge
 
     expected = [r.tokens for r in runtime("torch").generate(prompts, params)]
     rt = runtime("torch-triton")
-    handles = [None] * len(prompts)
     with ServingLoop(rt) as loop:
-        def client(i):
-            handles[i] = loop.submit(prompts[i], params)
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        got = [h.result(timeout=300).tokens for h in handles]
+        got = [h.result(timeout=300).tokens for h in submit_from_threads(loop, prompts, params)]
     assert got == expected
     assert rt.generator.engines["decoder_step"]._graphed.captured >= 1  # graphs, in the loop thread

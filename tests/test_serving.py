@@ -11,6 +11,8 @@ from dsflash.runtime.generator import Generator
 from dsflash.runtime.request import GenerationParams
 from dsflash.runtime.serving import ServingLoop
 
+from conftest import submit_from_threads
+
 PROMPTS = [[3, 4, 5], [9, 8], [100, 200, 300, 400], [7]]
 
 
@@ -48,16 +50,7 @@ def test_threads_share_decode_batches_and_get_their_own_tokens(tiny_bundle, tiny
 
     rt, gate, recorder = serving_runtime(tiny_bundle, tiny_model)
     with ServingLoop(rt) as loop:
-        handles = [None] * len(PROMPTS)
-
-        def client(i):
-            handles[i] = loop.submit(PROMPTS[i], params)
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(PROMPTS))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        handles = submit_from_threads(loop, PROMPTS, params)
         gate.set()  # every request is queued before the first step runs
         done = [h.result(timeout=120) for h in handles]
         streamed = [[e.token for e in h] for h in handles]
