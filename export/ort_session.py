@@ -25,6 +25,13 @@ def ort_session(bundle: Bundle, graph: str, flavor: str, providers: list[str] | 
                                   str(bundle.path.resolve()))
     opts.log_severity_level = 3
     providers = providers or ["CPUExecutionProvider"]
+    if any("CUDA" in str(p) for p in providers):
+        # onnxruntime-gpu 1.31.1 reuses a buffer too early in these graphs: the tiny portable
+        # decoder_step fails at a Where (condition [1,5,6] against values [1,5,37]) while the CPU
+        # provider, or the same session with every intermediate made an output, runs it
+        # correctly; without memory reuse it matches the CPU (H100, 2026-12-05, docs/benchmarks.md).
+        # The same symptom and workaround: microsoft/onnxruntime#21942 and #21349.
+        opts.enable_mem_reuse = False
     try:
         session = ort.InferenceSession(proto.SerializeToString(), opts, providers=providers)
     except Exception as e:  # onnxruntime raises its own NotImplemented (not Python's)

@@ -123,6 +123,7 @@ class OrtEngine:
         from dsflash.export.ort_session import ort_session
 
         self.graph, self.flavor, self.cfg = graph, flavor, bundle.config
+        self.dtype = bundle.dtype  # the "model" ports' dtype (a bf16 bundle's state and outputs)
         self.session = ort_session(bundle, graph, flavor, providers)  # checks I/O vs the manifest
         self.inputs = graph_inputs(bundle.config, graph)
         self.outputs = graph_outputs(bundle.config, graph)
@@ -148,21 +149,31 @@ class OrtEngine:
         binding = self.session.io_binding()
         feeds = {n: inputs[n].detach().to(device).contiguous() for n in self.input_names}
         for n, t in feeds.items():
-            binding.bind_input(n, "cuda", device.index, _NUMPY_DTYPE[t.dtype], tuple(t.shape), t.data_ptr())
+            binding.bind_input(n, "cuda", device.index, _element_type(t.dtype), tuple(t.shape), t.data_ptr())
         ids = feeds["ids"]
         outs = {}
         for spec in self.outputs:  # output shapes depend on B and S only (see the contract)
             shape = spec.resolve(self.cfg, ids.shape[0], 0, ids.shape[1])
-            t = torch.empty(shape, dtype=spec.torch_dtype(torch.float32), device=device)
-            binding.bind_output(spec.name, "cuda", device.index, _NUMPY_DTYPE[t.dtype], shape, t.data_ptr())
+            t = torch.empty(shape, dtype=spec.torch_dtype(self.dtype), device=device)
+            binding.bind_output(spec.name, "cuda", device.index, _element_type(t.dtype), shape, t.data_ptr())
             outs[spec.name] = t
         torch.cuda.current_stream().synchronize()  # ONNX Runtime runs on its own stream
         self.session.run_with_iobinding(binding)
         return outs
 
 
-_NUMPY_DTYPE = {torch.float32: np.float32, torch.int64: np.int64, torch.bool: np.bool_,
-                torch.float16: np.float16, torch.uint8: np.uint8, torch.int8: np.int8}
+def _element_type(dtype: torch.dtype) -> int:
+    """IOBinding's element type as ONNX's enum, which ONNX Runtime takes since 1.20 (its
+    microsoft/onnxruntime#22306): numpy has no bfloat16, so a bf16 bundle cannot be bound by
+    numpy dtype."""
+    from onnx import TensorProto
+
+    types = {torch.float32: TensorProto.FLOAT, torch.bfloat16: TensorProto.BFLOAT16,
+             torch.float16: TensorProto.FLOAT16, torch.int64: TensorProto.INT64,
+             torch.bool: TensorProto.BOOL, torch.uint8: TensorProto.UINT8, torch.int8: TensorProto.INT8}
+    if dtype not in types:
+        raise ValueError(f"no ONNX element type for {dtype} (binds {sorted(map(str, types))})")
+    return types[dtype]
 
 
 def make_engines(backend: str, bundle=None, model=None, compile_options: Mapping | None = None

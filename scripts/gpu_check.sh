@@ -19,7 +19,9 @@
 # (two more tiny compiles); if --tests-only nears 10 minutes, run that file in a call of its own.)
 # The ort-cuda tests also run when onnxruntime-gpu is on PYTHONPATH and DSFLASH_TINY_BUNDLE names a
 # portable tiny bundle made on the CPU machine (the GPU machine has no onnxruntime-gpu and no
-# network: carry the wheel in parts with ../shared/tools/carry-wheel.sh, see docs/benchmarks.md).
+# network: carry the wheel in parts with ../shared/tools/carry-wheel.sh, see docs/benchmarks.md);
+# the bf16 graph check also needs DSFLASH_TINY_BF16_BUNDLE (scripts/export.py --config tiny
+# --dtype bfloat16 --flavor portable --out engines/tiny-bf16, carried likewise).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}

@@ -70,3 +70,22 @@ def assert_kernel_matches(outs, fn, args, kwargs, dtype: torch.dtype, what: str)
         assert err <= bound, f"{what}[{i}]: error {err:.3g} > bound {bound:.3g} ({dtype})"
         report.append((err, bound))
     return report
+
+
+def assert_steps_within_rule(pairs: list[tuple[float, float]], dtype: torch.dtype,
+                             what: str) -> tuple[int, int]:
+    """The rule over a run of model steps (exported graphs in a low precision), for one output:
+    `pairs` holds (error of the run, error of the reference in `dtype`) per step, both against
+    truth. Discrete choices (MoE routing, index top-k) flip at some steps in either run, at
+    different steps, so steps are not paired: the run's median error must be within
+    kernel_bound of the reference's median, and its flips, the steps past that bound, at most
+    twice the reference's plus one. Returns (flips, reference's flips)."""
+    ours, theirs = torch.tensor(pairs, dtype=torch.float64).unbind(1)
+    assert not torch.isnan(ours).any(), f"{what}: NaN error"
+    bound = kernel_bound(theirs.median().item(), dtype)
+    flips, their_flips = int((ours > bound).sum()), int((theirs > bound).sum())
+    assert ours.median() <= bound and flips <= 2 * their_flips + 1, (
+        f"{what}: median error {ours.median():.3g} and {flips} flips against the bound {bound:.3g} "
+        f"(the reference in {dtype}: {their_flips} flips); errors {[f'{e:.3g}' for e in ours]}, "
+        f"reference {[f'{e:.3g}' for e in theirs]}")
+    return flips, their_flips

@@ -436,3 +436,20 @@ def test_generate_script_serves_and_says_bad_requests_in_one_line(tiny_bundle):
     missing = run("--prompt", "hi", "--bundle", str(tiny_bundle.path.parent / "nothing"))
     assert missing.returncode == 2 and "is not a bundle: manifest.json is missing" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_sessions_on_the_cuda_provider_run_without_memory_reuse(tiny_bundle):
+    """onnxruntime-gpu 1.31.1 with memory reuse fails the portable decoder_step at a Where (a
+    buffer reused too early; the CPU provider is right): sessions asking for CUDA turn reuse off,
+    the others keep it. (CPU-only onnxruntime falls back to CPU, keeping the options.)"""
+    import warnings
+
+    from dsflash.export.ort_session import ort_session
+
+    cuda = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "CUDAExecutionProvider is not available" without a GPU
+        on_cuda = ort_session(tiny_bundle, "decoder_step", "portable", cuda)
+    assert on_cuda.get_session_options().enable_mem_reuse is False
+    on_cpu = ort_session(tiny_bundle, "decoder_step", "portable")
+    assert on_cpu.get_session_options().enable_mem_reuse is True
