@@ -6,9 +6,13 @@ exported graphs): logits and hidden values of O(1) after up to 40 layers of reas
 OP_FP32: fp32 single ops in another order (fused vs op-by-op mHC).
 Kernel checks use `kernel_bound`: error(kernel, fp32 reference) <= 2 * error(reference run in the
 kernel's dtype, fp32 reference) + the dtype's rounding floor. NaN never passes.
+Low-precision graphs (bf16 bundles, export/accuracy_lowp.py) take that rule over a run of model
+steps (`steps_verdict`), errors being `relative_error`s.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -33,3 +37,48 @@ def graph_tolerance(dtype: torch.dtype) -> dict:
                          f"{dtype} bundle is checked by the low-precision rule on a GPU; export the "
                          "model in float32 to check its graphs here")
     return dict(MODEL)
+
+
+def relative_error(out: torch.Tensor, truth: torch.Tensor) -> float:
+    """||out - truth|| / ||truth|| over truth's finite entries, in float64; inf where out has a
+    NaN or its infinities differ from truth's, so such an output never passes a bound."""
+    out, truth = out.detach().double().cpu(), truth.detach().double().cpu()
+    inf = torch.isinf(truth)
+    if torch.isnan(out).any() or not torch.equal(torch.isinf(out), inf):
+        return float("inf")
+    if not torch.equal(out[inf], truth[inf]):  # infinities of the wrong sign
+        return float("inf")
+    fin = ~inf
+    return float((out[fin] - truth[fin]).norm() / truth[fin].norm().clamp_min(1e-30))
+
+
+@dataclass(frozen=True)
+class StepsVerdict:
+    """The kernel rule over a run of model steps, for one output (see `steps_verdict`)."""
+
+    median: float  # the run's median error over the steps
+    reference_median: float  # the reference's in the low precision
+    bound: float  # kernel_bound of the reference's median
+    flips: int  # the run's steps past the bound
+    reference_flips: int
+
+    @property
+    def passed(self) -> bool:
+        return self.median <= self.bound and self.flips <= 2 * self.reference_flips + 1
+
+
+def steps_verdict(pairs: list[tuple[float, float]], dtype: torch.dtype) -> StepsVerdict:
+    """`pairs`: per step, (the run's error, the low-precision reference's error), both against
+    truth. Discrete choices (MoE routing, index top-k) flip at some steps in a low-precision run,
+    in the run and the reference at different steps, so steps are not paired: the run's median
+    must be within kernel_bound of the reference's median (a systematic error fails this), and
+    its flips, the steps past that bound, at most twice the reference's plus one. A NaN error
+    fails (NaN never passes)."""
+    if not pairs:
+        raise ValueError("steps_verdict needs at least one step")
+    ours, theirs = torch.tensor(pairs, dtype=torch.float64).unbind(1)
+    if torch.isnan(ours).any():
+        return StepsVerdict(float("nan"), theirs.median().item(), 0.0, len(pairs), 0)
+    bound = kernel_bound(theirs.median().item(), dtype)
+    return StepsVerdict(ours.median().item(), theirs.median().item(), bound,
+                        int((ours > bound).sum()), int((theirs > bound).sum()))

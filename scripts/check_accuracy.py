@@ -5,6 +5,10 @@ feeds and reference outputs as Polygraphy JSON (for `polygraphy run`) and exits 
 mismatch, naming the first diverging step and output.
 
     python scripts/check_accuracy.py --bundle engines/tiny [--flavor both] [--steps 8]
+
+A bfloat16 bundle (ONNX Runtime's CPU provider has no bf16 kernels) is checked on a GPU: its
+portable graphs on the CUDA provider (onnxruntime-gpu), each step against the reference in bf16
+and the model in float32, by the kernel rule over the run (export/accuracy_lowp.py).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 import torch
 
 from dsflash.export.accuracy import check_bundle, reference_steps
+from dsflash.export.accuracy_lowp import check_lowp_bundle
 from dsflash.export.bundle import Bundle
 from dsflash.model.model import DSFlashModel
 from dsflash.model.weights import load_safetensors
@@ -42,6 +47,8 @@ def main() -> int:
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, bundle.config.vocab_size, (int(n),), generator=gen).tolist()
                for n in args.prompt_lens.split(",")]
+    if bundle.dtype != torch.float32:
+        return check_low_precision(ap, bundle, model.to(bundle.dtype), prompts, args)
     steps = reference_steps(model, prompts, args.steps)
     flavors = bundle.flavors if args.flavor == "both" else [args.flavor]
     ok = True
@@ -55,6 +62,30 @@ def main() -> int:
             print(f"  {flip}")
         ok &= report.passed
     return 0 if ok else 1
+
+
+def check_low_precision(ap, bundle: Bundle, model: DSFlashModel, prompts, args) -> int:
+    from dsflash.runtime.engine import make_engines
+
+    why = None
+    if args.flavor == "plugin" or "portable" not in bundle.flavors:
+        why = (f"a {bundle.manifest['dtype']} bundle is checked in the portable flavor on ONNX "
+               "Runtime's CUDA provider (the plugin ops run on the CPU provider, which has no bf16 kernels)")
+    elif args.save:
+        why = "--save writes Polygraphy JSON, which has no bfloat16: it is for float32 bundles"
+    elif not torch.cuda.is_available():
+        why = (f"a {bundle.manifest['dtype']} bundle's graphs are checked on a CUDA GPU with "
+               "onnxruntime-gpu (ONNX Runtime's CPU provider has no bf16 kernels); no GPU here")
+    if why:
+        ap.exit(2, f"{ap.prog}: error: {why}\n")
+    report = check_lowp_bundle(make_engines("ort-cuda", bundle=bundle), model.cuda(), prompts, args.steps)
+    print(f"portable on ort-cuda: {'PASSED' if report.passed else 'FAILED'} over {report.steps} steps")
+    for name, v in report.verdicts.items():
+        print(f"  {name}: median error {v.median:.3g} (reference {v.reference_median:.3g}, bound "
+              f"{v.bound:.3g}), flips {v.flips} (reference {v.reference_flips})")
+    for failure in report.failures():
+        print(f"  FAILED {failure}")
+    return 0 if report.passed else 1
 
 
 if __name__ == "__main__":

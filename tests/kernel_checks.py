@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from tolerances import kernel_bound
+from tolerances import StepsVerdict, kernel_bound, relative_error, steps_verdict
 
 
 @contextlib.contextmanager
@@ -54,9 +54,7 @@ def rel_error(out: torch.Tensor, truth: torch.Tensor, what: str) -> float:
     assert torch.equal(inf_out, inf_ref), f"{what}: infinities differ in {differ} places"
     if inf_ref.any():
         assert torch.equal(out[inf_ref], truth[inf_ref]), f"{what}: infinities of the wrong sign"
-    fin = ~inf_ref
-    denom = truth[fin].norm().clamp_min(1e-30)
-    return float((out[fin] - truth[fin]).norm() / denom)
+    return relative_error(out, truth)
 
 
 def assert_kernel_matches(outs, fn, args, kwargs, dtype: torch.dtype, what: str) -> list[tuple[float, float]]:
@@ -73,19 +71,12 @@ def assert_kernel_matches(outs, fn, args, kwargs, dtype: torch.dtype, what: str)
 
 
 def assert_steps_within_rule(pairs: list[tuple[float, float]], dtype: torch.dtype,
-                             what: str) -> tuple[int, int]:
-    """The rule over a run of model steps (exported graphs in a low precision), for one output:
-    `pairs` holds (error of the run, error of the reference in `dtype`) per step, both against
-    truth. Discrete choices (MoE routing, index top-k) flip at some steps in either run, at
-    different steps, so steps are not paired: the run's median error must be within
-    kernel_bound of the reference's median, and its flips, the steps past that bound, at most
-    twice the reference's plus one. Returns (flips, reference's flips)."""
-    ours, theirs = torch.tensor(pairs, dtype=torch.float64).unbind(1)
-    assert not torch.isnan(ours).any(), f"{what}: NaN error"
-    bound = kernel_bound(theirs.median().item(), dtype)
-    flips, their_flips = int((ours > bound).sum()), int((theirs > bound).sum())
-    assert ours.median() <= bound and flips <= 2 * their_flips + 1, (
-        f"{what}: median error {ours.median():.3g} and {flips} flips against the bound {bound:.3g} "
-        f"(the reference in {dtype}: {their_flips} flips); errors {[f'{e:.3g}' for e in ours]}, "
-        f"reference {[f'{e:.3g}' for e in theirs]}")
-    return flips, their_flips
+                             what: str) -> StepsVerdict:
+    """The rule over a run of model steps (dsflash.export.tolerances.steps_verdict) as an
+    assertion naming the output and both runs' errors."""
+    verdict = steps_verdict(pairs, dtype)
+    assert verdict.passed, (
+        f"{what}: median error {verdict.median:.3g} and {verdict.flips} flips against the bound "
+        f"{verdict.bound:.3g} (the reference in {dtype}: {verdict.reference_flips} flips); errors "
+        f"{[f'{e:.3g}' for e, _ in pairs]}, reference {[f'{e:.3g}' for _, e in pairs]}")
+    return verdict

@@ -67,3 +67,76 @@ def test_a_bundle_declaring_another_dtype_is_refused_naming_it(tmp_path):
     bundle = Bundle(tmp_path, {"dtype": "float16"}, ModelConfig.preset("tiny"))
     with pytest.raises(BundleError, match="has dtype 'float16'; dsflash serves"):
         _ = bundle.dtype
+
+
+class _Perturbed:
+    """A graph engine whose `output` comes out scaled by (1 + eps), or, for an integer output,
+    off by one: what a wrongly typed or wrongly wired graph would give."""
+
+    def __init__(self, engine, output: str, eps: float = 0.0):
+        self.engine, self.output, self.eps = engine, output, eps
+        self.input_names, self.output_names = engine.input_names, engine.output_names
+
+    def run(self, feeds):
+        out = dict(self.engine.run(feeds))
+        t = out[self.output]
+        out[self.output] = t * (1 + self.eps) if t.is_floating_point() else t + 1
+        return out
+
+
+def test_the_low_precision_check_passes_the_reference_and_fails_a_wrong_graph(bf16_model):
+    """export/accuracy_lowp.py on the CPU, the reference ops standing in for the graphs (the check
+    runs ONNX Runtime's CUDA provider on a GPU: tests/test_ort_cuda.py): the bf16 reference
+    itself passes with its own errors; logits 4% off fail the median rule; an integer output
+    off by one is named."""
+    from dsflash.export.accuracy_lowp import check_lowp_bundle
+    from dsflash.runtime.engine import TorchEngine
+
+    def engines():
+        return {g: TorchEngine(bf16_model, g, ops="reference") for g in ("encoder_prefill", "decoder_step")}
+
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6], [2, 7, 1, 8, 2, 8]]
+    report = check_lowp_bundle(engines(), bf16_model, prompts, decode_steps=6)
+    assert report.passed and report.steps == 3 + 6, report.failures()
+    logits = report.verdicts["decoder_step:logits"]
+    assert logits.median == logits.reference_median > 0 and logits.flips == logits.reference_flips
+    assert "encoder_prefill:new_kv.1" in report.verdicts and report.mismatch is None
+
+    wrong = engines()
+    wrong["decoder_step"] = _Perturbed(wrong["decoder_step"], "logits", eps=0.04)
+    report = check_lowp_bundle(wrong, bf16_model, prompts, decode_steps=6)
+    assert not report.passed
+    assert [f.split(":")[:2] for f in report.failures()] == [["decoder_step", "logits"]]
+    assert "median error" in report.failures()[0]
+
+    wrong = engines()
+    wrong["encoder_prefill"] = _Perturbed(wrong["encoder_prefill"], "new_seq_len")
+    report = check_lowp_bundle(wrong, bf16_model, prompts, decode_steps=2)
+    assert report.failures()[0] == "step 0 (encoder_prefill): new_seq_len differs from the reference"
+
+
+def test_check_accuracy_on_a_bf16_bundle_says_it_runs_on_a_gpu(bf16_bundle):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the check would run")
+    script = SCRIPT.parent / "check_accuracy.py"
+    for extra, why in (([], "checked on a CUDA GPU with onnxruntime-gpu"),
+                       (["--flavor", "plugin"], "portable flavor on ONNX Runtime's CUDA provider")):
+        run = subprocess.run([sys.executable, str(script), "--bundle", str(bf16_bundle.path), *extra],
+                             capture_output=True, text=True, timeout=300, check=False)
+        assert run.returncode == 2 and why in run.stderr, run.stderr
+
+
+def test_the_low_precision_check_refuses_what_it_cannot_check(bf16_model):
+    from dsflash.export.accuracy_lowp import check_lowp_bundle
+    from dsflash.runtime.engine import TorchEngine
+
+    engines = {g: TorchEngine(bf16_model, g, ops="reference") for g in ("encoder_prefill", "decoder_step")}
+    fp32 = DSFlashModel(ModelConfig.preset("tiny")).eval()
+    with pytest.raises(ValueError, match="float32 bundles take"):
+        check_lowp_bundle(engines, fp32, [[1, 2]], 2)
+    with pytest.raises(ValueError, match=r"lack the graphs \['encoder_prefill'\]"):
+        check_lowp_bundle({"decoder_step": engines["decoder_step"]}, bf16_model, [[1, 2]], 2)
+    with pytest.raises(ValueError, match=r"token ids in \[0, 512\); got \[512\]"):
+        check_lowp_bundle(engines, bf16_model, [[1, 512]], 2)
+    with pytest.raises(ValueError, match="at least one decode step"):
+        check_lowp_bundle(engines, bf16_model, [[1, 2]], 0)

@@ -96,63 +96,24 @@ def bf16_bundle():
 
 def test_bf16_graphs_on_the_cuda_provider_meet_the_low_precision_rule(bf16_bundle, gen):
     """PIPELINE.md §7's rule applied to a bf16 bundle's graphs (the CPU provider has no bf16
-    kernels, so they are checked here) over two prefills and 30 teacher-forced decode steps of
-    both sequences. Truth is the model in fp32 on the same feeds (bf16's errors are ~10^4 times
-    fp32's); errors are relative norms. A bf16 run flips discrete choices (MoE routing, index
-    top-k) at some steps, the graph and the bf16 reference at partly different ones (H100,
-    2026-12-05, logits over 17 calls: both at 3, the graph alone at 3, the reference alone at 1),
-    so steps are not paired: per float output, the graph's median error within the rule of the
-    reference's median, and its flips (calls past that bound) at most twice the reference's plus
-    one (kernel_checks.assert_steps_within_rule). Integer outputs are exact."""
-    import copy
-
-    from dsflash.export.graphs import GraphModule
-    from dsflash.model.model import encoder_rows
-    from dsflash.runtime.cache_manager import CacheManager
+    kernels, so they are checked here; export/accuracy_lowp.py): two prefills and 30
+    teacher-forced decode steps of both sequences, each call against the bf16 reference and the
+    model in fp32. A bf16 run flips discrete choices (MoE routing, index top-k) at some steps,
+    the graph and the reference at partly different ones (H100, 2026-12-05, logits over 17
+    calls: both at 3, the graph alone at 3, the reference alone at 1), so per float output the
+    graph's median error is held to the rule and its flips are counted (steps_verdict). Every
+    output has the reference's dtype and shape; integer outputs are exact."""
+    from dsflash.export.accuracy_lowp import check_lowp_bundle
     from dsflash.runtime.engine import make_engines
     from dsflash.runtime.weights import model_from_bundle
 
     from conftest import random_ids
-    from kernel_checks import assert_steps_within_rule, rel_error
 
     cfg = bf16_bundle.config
     engines = make_engines("ort-cuda", bundle=bf16_bundle)
-    low = model_from_bundle(bf16_bundle).cuda()
-    modules = {g: (GraphModule(low, g), GraphModule(copy.deepcopy(low).float(), g)) for g in engines}
-    cm = CacheManager(cfg, 2, 64, device="cuda", dtype=torch.bfloat16)
-    errors: dict[str, list[tuple[float, float]]] = {}  # output -> (graph's, reference's) per call
-
-    def step(graph: str, slots: list[int], ids: torch.Tensor) -> torch.Tensor | None:
-        feeds = cm.feeds(slots, engines[graph].input_names, ids)
-        got = engines[graph].run(feeds)
-        bf16, fp32 = modules[graph]
-        with torch.no_grad():
-            ref = dict(zip(bf16.output_names, bf16(*feeds.values())))
-            truth = dict(zip(fp32.output_names,
-                             fp32(*(t.float() if t.is_floating_point() else t for t in feeds.values()))))
-        for name, want in ((n, t.cpu()) for n, t in truth.items()):
-            what = f"{graph} call {sum(map(len, errors.values()))}, {name}"
-            assert got[name].dtype == ref[name].dtype and got[name].is_cuda, what
-            if want.is_floating_point():
-                errors.setdefault(name, []).append((rel_error(got[name], want, what),
-                                                    rel_error(ref[name], want, what)))
-            else:
-                assert torch.equal(got[name], ref[name]), what
-        cm.write(graph, slots, ref, feeds["seq_len"])  # teacher-forced: the reference's state
-        return ref.get("logits")  # encoder_prefill has none
-
-    last = []
-    for n in (21, 6):  # one prompt long enough for the encoder, one the decoder takes whole
-        slot, ids = cm.acquire(), random_ids(gen, 1, n, cfg.vocab_size)
-        split = encoder_rows(cfg, n, "replay")
-        if split:
-            step("encoder_prefill", [slot], ids[:, :split])
-        last.append(step("decoder_step", [slot], ids[:, split:]))
-    tokens = torch.cat(last).argmax(-1, keepdim=True)
-    for _ in range(30):
-        tokens = step("decoder_step", [0, 1], tokens).argmax(-1, keepdim=True)
-    assert len(errors["logits"]) == 32
-    for name, pairs in errors.items():
-        assert_steps_within_rule(pairs, torch.bfloat16, name)
-    assert all(t.is_cuda for t in cm.cache.tensors.values())
-    assert cm.cache.tensors["swa_kv"].dtype == torch.bfloat16
+    prompts = [random_ids(gen, 1, n, cfg.vocab_size)[0].tolist() for n in (21, 6)]
+    report = check_lowp_bundle(engines, model_from_bundle(bf16_bundle).cuda(), prompts, decode_steps=30)
+    assert report.steps == 3 + 30
+    checked = {"decoder_step:logits", "decoder_step:new_swa_rows", "encoder_prefill:new_kv.1"}
+    assert checked <= set(report.verdicts)
+    assert report.passed, report.failures()

@@ -8,7 +8,7 @@ import pytest
 import torch
 from kernel_checks import assert_steps_within_rule
 
-from tolerances import kernel_bound
+from tolerances import kernel_bound, relative_error
 
 BF16 = torch.bfloat16
 
@@ -24,7 +24,8 @@ def _run(gen, steps: int, level: float, flips: list[int], scale: float = 1.0):
 def test_the_rule_accepts_flips_at_different_steps_in_each_run(gen):
     ours = _run(gen, 32, 0.007, [6, 7, 9])
     theirs = _run(gen, 32, 0.007, [2, 4, 5, 12])
-    assert assert_steps_within_rule(list(zip(ours, theirs)), BF16, "logits") == (3, 4)
+    verdict = assert_steps_within_rule(list(zip(ours, theirs)), BF16, "logits")
+    assert (verdict.flips, verdict.reference_flips) == (3, 4) and verdict.passed
 
 
 def test_the_rule_rejects_a_systematic_error(gen):
@@ -42,9 +43,15 @@ def test_the_rule_rejects_more_than_twice_the_references_flips_plus_one(gen):
         assert_steps_within_rule(list(zip(_run(gen, 32, 0.007, [1, 8, 20, 30]), theirs)), BF16, "kv")
 
 
-def test_the_rule_rejects_nan():
-    with pytest.raises(AssertionError, match="NaN"):
+def test_the_rule_rejects_nan_and_relative_error_never_passes_one():
+    with pytest.raises(AssertionError, match="kv: median error nan"):
         assert_steps_within_rule([(0.01, 0.01), (float("nan"), 0.01), (0.01, 0.01)], BF16, "kv")
+    truth = torch.tensor([1.0, -2.0, float("-inf")])
+    assert relative_error(truth.bfloat16(), truth) == 0.0
+    assert relative_error(torch.tensor([1.0, -2.0, float("nan")]), truth) == float("inf")
+    assert relative_error(torch.tensor([1.0, -2.0, float("inf")]), truth) == float("inf")  # wrong sign
+    assert relative_error(torch.tensor([1.0, float("inf"), float("-inf")]), truth) == float("inf")
+    assert relative_error(torch.tensor([1.0, -2.5, float("-inf")]), truth) == pytest.approx(0.5 / 5**0.5)
 
 
 def test_iobinding_names_bf16_by_its_onnx_element_type():

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from dsflash.export.tolerances import MODEL, OP_FP32, ROUNDING_FLOOR, SINKHORN_SUM, kernel_bound  # noqa: F401
+from dsflash.export.tolerances import (  # noqa: F401
+    MODEL,
+    OP_FP32,
+    ROUNDING_FLOOR,
+    SINKHORN_SUM,
+    StepsVerdict,
+    kernel_bound,
+    relative_error,
+    steps_verdict,
+)
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, tol: dict, what: str = "") -> None:
