@@ -137,6 +137,11 @@ class OrtEngine:
 
     def run(self, inputs: dict[str, torch.Tensor], resident=()) -> dict[str, torch.Tensor]:
         _check_feeds(self, inputs)
+        for spec in self.inputs:  # before ONNX Runtime, whose own error names no dtype we know
+            want, got = spec.torch_dtype(self.dtype), inputs[spec.name].dtype
+            if got != want:
+                raise ValueError(f"{self.graph}: input {spec.name} is {got}, but this bundle's graph "
+                                 f"takes {want} (a cache allocated in another dtype than the bundle's?)")
         if self.on_cuda:
             return self._run_bound(inputs)
         # contiguous: a run of cache slots is a strided view of the window rings

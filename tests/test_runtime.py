@@ -453,3 +453,22 @@ def test_sessions_on_the_cuda_provider_run_without_memory_reuse(tiny_bundle):
     assert on_cuda.get_session_options().enable_mem_reuse is False
     on_cpu = ort_session(tiny_bundle, "decoder_step", "portable")
     assert on_cpu.get_session_options().enable_mem_reuse is True
+
+
+def test_an_onnx_engine_refuses_inputs_of_another_dtype_naming_them(tiny_bundle):
+    """A bf16 cache fed to a float32 bundle's graph (or int32 ids) is refused before ONNX Runtime
+    runs, naming the input, its dtype and the graph's."""
+    engine = make_engines("ort", bundle=tiny_bundle)["decoder_step"]
+    cm = CacheManager(tiny_bundle.config, 1, 16, dtype=torch.bfloat16)
+    cm.acquire()
+    feeds = cm.feeds([0], engine.input_names, torch.tensor([[3]]))
+    wrong = "swa_kv is torch.bfloat16, but this bundle's graph takes torch.float32"
+    with pytest.raises(ValueError, match=wrong):
+        engine.run(feeds)
+    cm = CacheManager(tiny_bundle.config, 1, 16)
+    cm.acquire()
+    feeds = cm.feeds([0], engine.input_names, torch.tensor([[3]], dtype=torch.int32))
+    with pytest.raises(ValueError, match="input ids is torch.int32"):
+        engine.run(feeds)
+    feeds["ids"] = feeds["ids"].long()
+    assert engine.run(feeds)["logits"].shape == (1, tiny_bundle.config.vocab_size)
