@@ -86,23 +86,25 @@ def reference_steps(model: DSFlashModel, prompts: list[list[int]], decode_steps:
 
 
 def check_bundle(bundle: Bundle, model: DSFlashModel, flavor: str, steps: list[Step],
-                 save_dir: Path | None = None) -> CheckReport:
-    """Compare ONNX Runtime on the bundle's `flavor` graphs with the reference steps."""
+                 save_dir: Path | None = None, providers: list | None = None) -> CheckReport:
+    """Compare ONNX Runtime on the bundle's `flavor` graphs with the reference steps. providers:
+    ONNX Runtime's (default the CPU's); asking for CUDA (ort_session.CUDA_PROVIDERS) checks the
+    graphs as ort-cuda runs them, and fails if the CUDA provider is not enabled."""
     from polygraphy.backend.onnxrt import OnnxrtRunner
     from polygraphy.comparator import Comparator
     from polygraphy.comparator.compare import SimpleCompareFunc
     from polygraphy.comparator.struct import IterationResult
 
-    from dsflash.export.ort_session import ort_session
-
     tol = graph_tolerance(model.embed.weight.dtype)
+    on_cuda = any("CUDA" in str(p) for p in providers or [])
     report = CheckReport(flavor=flavor, passed=True, steps=len(steps))
     for graph in GRAPHS:
         mine = [s for s in steps if s.graph == graph]
         if not mine:
             continue
-        runner_name = f"onnxruntime-{flavor}"
-        runner = OnnxrtRunner(lambda g=graph: ort_session(bundle, g, flavor), name=runner_name)
+        runner_name = f"onnxruntime-{flavor}" + ("-cuda" if on_cuda else "")
+        runner = OnnxrtRunner(lambda g=graph: _session(bundle, g, flavor, providers, on_cuda),
+                              name=runner_name)
         results = Comparator.run([runner], data_loader=[s.feeds for s in mine])
         results.append((REFERENCE, [IterationResult(outputs=s.outputs, runner_name=REFERENCE) for s in mine]))
         accuracy = Comparator.compare_accuracy(
@@ -124,6 +126,15 @@ def check_bundle(bundle: Bundle, model: DSFlashModel, flavor: str, steps: list[S
             f"rounding flips at {len(report.flips)} of {len(steps)} steps: more than one in "
             f"{MAX_FLIP_STEP_FRACTION}")
     return report
+
+
+def _session(bundle: Bundle, graph: str, flavor: str, providers: list | None, on_cuda: bool):
+    from dsflash.export.ort_session import ort_session, require_cuda
+
+    session = ort_session(bundle, graph, flavor, providers)
+    if on_cuda:
+        require_cuda(session, f"{graph} ({flavor})")
+    return session
 
 
 def _failing_iterations(accuracy) -> set[int]:

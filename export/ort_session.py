@@ -6,6 +6,18 @@ from __future__ import annotations
 
 from dsflash.export.bundle import Bundle, BundleError, onnx_io
 
+# the CUDA provider as dsflash runs it: use_tf32=0, since its fp32 MatMuls default to TF32 (a
+# 10-bit mantissa), which is not the fp32 graph a bundle declares and changes greedy tokens
+CUDA_PROVIDERS = (("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider")
+
+
+def require_cuda(session, what: str) -> None:
+    """Refuse a session that asked for the CUDA provider and runs without it (onnxruntime
+    without -gpu, or no GPU), instead of checking or serving on the CPU unnoticed."""
+    if "CUDAExecutionProvider" not in session.get_providers():
+        raise RuntimeError(f"{what}: ONNX Runtime did not enable the CUDA provider (enabled: "
+                           f"{session.get_providers()}); is onnxruntime-gpu installed, with a GPU?")
+
 
 def ort_session(bundle: Bundle, graph: str, flavor: str, providers: list[str] | None = None):
     import onnx

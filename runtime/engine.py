@@ -120,7 +120,7 @@ class OrtEngine:
     copied to the host."""
 
     def __init__(self, bundle, graph: str, flavor: str = "portable", providers: list[str] | None = None):
-        from dsflash.export.ort_session import ort_session
+        from dsflash.export.ort_session import ort_session, require_cuda
 
         self.graph, self.flavor, self.cfg = graph, flavor, bundle.config
         self.dtype = bundle.dtype  # the "model" ports' dtype (a bf16 bundle's state and outputs)
@@ -130,10 +130,8 @@ class OrtEngine:
         self.input_names = [t.name for t in self.inputs]
         self.output_names = [t.name for t in self.outputs]
         self.on_cuda = "CUDAExecutionProvider" in self.session.get_providers()
-        wanted = [p[0] if isinstance(p, tuple) else p for p in providers or []]
-        if "CUDAExecutionProvider" in wanted and not self.on_cuda:
-            raise RuntimeError(f"{graph}: ONNX Runtime did not enable the CUDA provider (installed: "
-                               f"{self.session.get_providers()}); is onnxruntime-gpu installed?")
+        if any("CUDA" in str(p) for p in providers or []):
+            require_cuda(self.session, graph)
 
     def run(self, inputs: dict[str, torch.Tensor], resident=()) -> dict[str, torch.Tensor]:
         _check_feeds(self, inputs)
@@ -204,10 +202,9 @@ def make_engines(backend: str, bundle=None, model=None, compile_options: Mapping
         if bundle is None:
             raise ValueError(f"the {backend} backend needs a bundle")
         flavor = "plugin" if backend == "ort-plugin" else "portable"
-        # use_tf32=0: the CUDA provider's fp32 MatMuls default to TF32 (10-bit mantissa), which is
-        # not the fp32 graph the bundle declares and changes greedy tokens of the reference
-        providers = ([("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
-                     if backend == "ort-cuda" else None)
+        from dsflash.export.ort_session import CUDA_PROVIDERS
+
+        providers = list(CUDA_PROVIDERS) if backend == "ort-cuda" else None
         return {g: OrtEngine(bundle, g, flavor, providers) for g in GRAPHS}
     if backend == "trt":
         if bundle is None:

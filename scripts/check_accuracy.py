@@ -4,7 +4,7 @@ prompts of different lengths (replay), then K teacher-forced decode steps of the
 feeds and reference outputs as Polygraphy JSON (for `polygraphy run`) and exits non-zero on a
 mismatch, naming the first diverging step and output.
 
-    python scripts/check_accuracy.py --bundle engines/tiny [--flavor both] [--steps 8]
+    python scripts/check_accuracy.py --bundle engines/tiny [--flavor both] [--steps 8] [--provider cuda]
 
 A bfloat16 bundle (ONNX Runtime's CPU provider has no bf16 kernels) is checked on a GPU: its
 portable graphs on the CUDA provider (onnxruntime-gpu), each step against the reference in bf16
@@ -23,6 +23,7 @@ import torch
 from dsflash.export.accuracy import check_bundle, reference_steps
 from dsflash.export.accuracy_lowp import check_lowp_bundle
 from dsflash.export.bundle import Bundle
+from dsflash.export.ort_session import CUDA_PROVIDERS
 from dsflash.model.model import DSFlashModel
 from dsflash.model.weights import load_safetensors
 
@@ -36,6 +37,9 @@ def main() -> int:
     ap.add_argument("--checkpoint", help="weights of the bundle (default: the export's seeded weights)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the export's random weights")
     ap.add_argument("--save", type=Path, help="folder for the Polygraphy inputs/outputs JSON")
+    ap.add_argument("--provider", default="cpu", choices=["cpu", "cuda"],
+                    help="ONNX Runtime's provider for float32 bundles: cuda checks the portable graphs "
+                         "as ort-cuda runs them (onnxruntime-gpu); bfloat16 bundles always take cuda")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     bundle = Bundle.open(args.bundle)
@@ -49,11 +53,22 @@ def main() -> int:
                for n in args.prompt_lens.split(",")]
     if bundle.dtype != torch.float32:
         return check_low_precision(ap, bundle, model.to(bundle.dtype), prompts, args)
-    steps = reference_steps(model, prompts, args.steps)
     flavors = bundle.flavors if args.flavor == "both" else [args.flavor]
+    providers = None
+    if args.provider == "cuda":
+        if args.flavor == "plugin" or "portable" not in bundle.flavors:
+            ap.exit(2, f"{ap.prog}: error: --provider cuda checks the portable graphs (the plugin "
+                       "ops run on the CPU provider)\n")
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            ap.exit(2, f"{ap.prog}: error: --provider cuda needs onnxruntime-gpu (this onnxruntime "
+                       f"{ort.__version__} offers {ort.get_available_providers()})\n")
+        flavors, providers = ["portable"], list(CUDA_PROVIDERS)
+    steps = reference_steps(model, prompts, args.steps)
     ok = True
     for flavor in flavors:
-        report = check_bundle(bundle, model, flavor, steps,
+        report = check_bundle(bundle, model, flavor, steps, providers=providers,
                               save_dir=args.save / flavor if args.save else None)
         worst = max(report.max_abs_error.items(), key=lambda kv: kv[1])
         status = "PASSED" if report.passed else f"FAILED at {report.first_failure}"

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Find the first node where two ONNX Runtime providers disagree on a bundle graph: every node
 output becomes a graph output, both providers run the same feeds (a fresh cache and a few ids),
-and the nodes are listed in graph order with their largest difference.
+and the nodes are listed in graph order with their largest difference. With every node output a
+graph output, ONNX Runtime cannot reuse their buffers, so a fault of its memory reuse (2026-12-05:
+onnxruntime-gpu 1.31.1's CUDA provider, which export/ort_session.py works around) does not show here.
 
     python scripts/compare_providers.py --bundle engines/tiny --graph decoder_step \
         [--provider CUDAExecutionProvider]

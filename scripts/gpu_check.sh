@@ -21,7 +21,9 @@
 # portable tiny bundle made on the CPU machine (the GPU machine has no onnxruntime-gpu and no
 # network: carry the wheel in parts with ../shared/tools/carry-wheel.sh, see docs/benchmarks.md);
 # the bf16 graph check also needs DSFLASH_TINY_BF16_BUNDLE (scripts/export.py --config tiny
-# --dtype bfloat16 --flavor portable --out engines/tiny-bf16, carried likewise).
+# --dtype bfloat16 --flavor portable --out engines/tiny-bf16, carried likewise), and the
+# Polygraphy check on the CUDA provider also needs polygraphy (pip download polygraphy --no-deps;
+# pure Python) on PYTHONPATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}

@@ -82,6 +82,27 @@ def test_cuda_provider_gives_reference_logits_and_tokens(step_case, gen):
     assert all(t.is_cuda for t in manager.cache.tensors.values())
 
 
+def test_the_polygraphy_check_passes_on_the_cuda_provider(step_case, gen):
+    """scripts/check_accuracy.py --provider cuda: the portable graphs on the CUDA provider (fp32,
+    no TF32, no memory reuse) within the fp32 graph tolerance of the reference over two prefills
+    and 8 teacher-forced decode steps. Needs polygraphy (pure Python; the GPU machine lacks it:
+    carry its wheel like onnxruntime-gpu's)."""
+    pytest.importorskip("polygraphy")
+    from dsflash.export.accuracy import check_bundle, reference_steps
+    from dsflash.export.ort_session import CUDA_PROVIDERS
+    from dsflash.runtime.weights import model_from_bundle
+
+    from conftest import random_ids
+
+    bundle, _ = step_case
+    model = model_from_bundle(bundle)
+    prompts = [random_ids(gen, 1, n, bundle.config.vocab_size)[0].tolist() for n in (19, 5)]
+    steps = reference_steps(model, prompts, decode_steps=8)
+    report = check_bundle(bundle, model, "portable", steps, providers=list(CUDA_PROVIDERS))
+    assert report.passed, report.first_failure
+    assert report.steps == 11
+
+
 @pytest.fixture
 def bf16_bundle():
     from dsflash.export.bundle import Bundle

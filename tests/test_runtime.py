@@ -472,3 +472,18 @@ def test_an_onnx_engine_refuses_inputs_of_another_dtype_naming_them(tiny_bundle)
         engine.run(feeds)
     feeds["ids"] = feeds["ids"].long()
     assert engine.run(feeds)["logits"].shape == (1, tiny_bundle.config.vocab_size)
+
+
+def test_the_ort_cuda_backend_refuses_to_serve_from_the_cpu(tiny_bundle):
+    """Without onnxruntime-gpu (or a GPU) ONNX Runtime would quietly run "ort-cuda" on the CPU;
+    the engines refuse instead, naming the providers it did enable."""
+    import warnings
+
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("the CUDA provider is available here (tests/test_ort_cuda.py uses it)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # onnxruntime's own "not in available provider names"
+        with pytest.raises(RuntimeError, match=r"did not enable the CUDA provider \(enabled: \['CPU"):
+            make_engines("ort-cuda", bundle=tiny_bundle)
