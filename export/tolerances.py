@@ -30,8 +30,9 @@ def kernel_bound(err_reference_lowp: float, dtype: torch.dtype) -> float:
 def graph_tolerance(dtype: torch.dtype) -> dict:
     """Exported graph vs the PyTorch reference in the same dtype, for float32 bundles. A bfloat16
     bundle's graphs are held to the kernels' rule instead (`kernel_bound`: the graph's error
-    against the model in float32 within twice the bf16 reference's own plus the floor), on ONNX
-    Runtime's CUDA provider since the CPU provider has no bf16 kernels (tests/test_ort_cuda.py)."""
+    against the model in float32 within twice the bf16 reference's own plus the floor, over a run
+    of steps: `steps_verdict`), on ONNX Runtime's CUDA provider since the CPU provider has no bf16
+    kernels (export/accuracy_lowp.py, which scripts/check_accuracy.py runs for bf16 bundles)."""
     if dtype != torch.float32:
         raise ValueError(f"fixed graph tolerances are defined for float32 bundles, not {dtype}: a "
                          f"{dtype} bundle is checked by the low-precision rule on a GPU; export the "
