@@ -88,15 +88,17 @@ def reference_steps(model: DSFlashModel, prompts: list[list[int]], decode_steps:
 def check_bundle(bundle: Bundle, model: DSFlashModel, flavor: str, steps: list[Step],
                  save_dir: Path | None = None, providers: list | None = None) -> CheckReport:
     """Compare ONNX Runtime on the bundle's `flavor` graphs with the reference steps. providers:
-    ONNX Runtime's (default the CPU's); asking for CUDA (ort_session.CUDA_PROVIDERS) checks the
+    ONNX Runtime's (default the CPU's); asking for CUDA (ort_session.cuda_providers()) checks the
     graphs as ort-cuda runs them, and fails if the CUDA provider is not enabled."""
     from polygraphy.backend.onnxrt import OnnxrtRunner
     from polygraphy.comparator import Comparator
     from polygraphy.comparator.compare import SimpleCompareFunc
     from polygraphy.comparator.struct import IterationResult
 
+    from dsflash.export.ort_session import asks_for_cuda
+
     tol = graph_tolerance(model.embed.weight.dtype)
-    on_cuda = any("CUDA" in str(p) for p in providers or [])
+    on_cuda = asks_for_cuda(providers)
     report = CheckReport(flavor=flavor, passed=True, steps=len(steps))
     for graph in GRAPHS:
         mine = [s for s in steps if s.graph == graph]

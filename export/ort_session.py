@@ -6,9 +6,17 @@ from __future__ import annotations
 
 from dsflash.export.bundle import Bundle, BundleError, onnx_io
 
-# the CUDA provider as dsflash runs it: use_tf32=0, since its fp32 MatMuls default to TF32 (a
-# 10-bit mantissa), which is not the fp32 graph a bundle declares and changes greedy tokens
-CUDA_PROVIDERS = (("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider")
+
+def cuda_providers() -> list:
+    """The CUDA provider as dsflash runs it (a fresh list each call: ONNX Runtime takes the options
+    as a dict): use_tf32=0, since its fp32 MatMuls default to TF32 (a 10-bit mantissa), which is
+    not the fp32 graph a bundle declares and changes greedy tokens."""
+    return [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+
+
+def asks_for_cuda(providers) -> bool:
+    """Whether an ONNX Runtime provider list (names or (name, options) pairs) names CUDA."""
+    return any("CUDA" in str(p) for p in providers or [])
 
 
 def require_cuda(session, what: str) -> None:
@@ -37,7 +45,7 @@ def ort_session(bundle: Bundle, graph: str, flavor: str, providers: list[str] | 
                                   str(bundle.path.resolve()))
     opts.log_severity_level = 3
     providers = providers or ["CPUExecutionProvider"]
-    if any("CUDA" in str(p) for p in providers):
+    if asks_for_cuda(providers):
         # onnxruntime-gpu 1.31.1 reuses a buffer too early in these graphs: the tiny portable
         # decoder_step fails at a Where (condition [1,5,6] against values [1,5,37]) while the CPU
         # provider, or the same session with every intermediate made an output, runs it

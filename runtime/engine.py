@@ -120,7 +120,7 @@ class OrtEngine:
     copied to the host."""
 
     def __init__(self, bundle, graph: str, flavor: str = "portable", providers: list[str] | None = None):
-        from dsflash.export.ort_session import ort_session, require_cuda
+        from dsflash.export.ort_session import asks_for_cuda, ort_session, require_cuda
 
         self.graph, self.flavor, self.cfg = graph, flavor, bundle.config
         self.dtype = bundle.dtype  # the "model" ports' dtype (a bf16 bundle's state and outputs)
@@ -130,7 +130,7 @@ class OrtEngine:
         self.input_names = [t.name for t in self.inputs]
         self.output_names = [t.name for t in self.outputs]
         self.on_cuda = "CUDAExecutionProvider" in self.session.get_providers()
-        if any("CUDA" in str(p) for p in providers or []):
+        if asks_for_cuda(providers):
             require_cuda(self.session, graph)
 
     def run(self, inputs: dict[str, torch.Tensor], resident=()) -> dict[str, torch.Tensor]:
@@ -202,9 +202,9 @@ def make_engines(backend: str, bundle=None, model=None, compile_options: Mapping
         if bundle is None:
             raise ValueError(f"the {backend} backend needs a bundle")
         flavor = "plugin" if backend == "ort-plugin" else "portable"
-        from dsflash.export.ort_session import CUDA_PROVIDERS
+        from dsflash.export.ort_session import cuda_providers
 
-        providers = list(CUDA_PROVIDERS) if backend == "ort-cuda" else None
+        providers = cuda_providers() if backend == "ort-cuda" else None
         return {g: OrtEngine(bundle, g, flavor, providers) for g in GRAPHS}
     if backend == "trt":
         if bundle is None:

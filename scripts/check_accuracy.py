@@ -23,7 +23,7 @@ import torch
 from dsflash.export.accuracy import check_bundle, reference_steps
 from dsflash.export.accuracy_lowp import check_lowp_bundle
 from dsflash.export.bundle import Bundle
-from dsflash.export.ort_session import CUDA_PROVIDERS
+from dsflash.export.ort_session import cuda_providers
 from dsflash.model.model import DSFlashModel
 from dsflash.model.weights import load_safetensors
 
@@ -64,7 +64,7 @@ def main() -> int:
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             ap.exit(2, f"{ap.prog}: error: --provider cuda needs onnxruntime-gpu (this onnxruntime "
                        f"{ort.__version__} offers {ort.get_available_providers()})\n")
-        flavors, providers = ["portable"], list(CUDA_PROVIDERS)
+        flavors, providers = ["portable"], cuda_providers()
     steps = reference_steps(model, prompts, args.steps)
     ok = True
     for flavor in flavors:

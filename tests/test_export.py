@@ -258,18 +258,18 @@ def test_ids_out_of_range_refused_before_the_graph(tiny_bundle):
 
 
 def test_a_check_on_the_cuda_provider_refuses_to_run_on_the_cpu(tiny_bundle, tiny_model, gen):
-    """check_bundle(providers=CUDA_PROVIDERS) checks the graphs as ort-cuda runs them; where
+    """check_bundle(providers=cuda_providers()) checks the graphs as ort-cuda runs them; where
     ONNX Runtime falls back to the CPU (no onnxruntime-gpu or no GPU) it fails, naming why,
     rather than report a CPU check as a CUDA one. The script refuses before any work."""
     import onnxruntime as ort
 
-    from dsflash.export.ort_session import CUDA_PROVIDERS
+    from dsflash.export.ort_session import cuda_providers
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("the CUDA provider is available here (tests/test_ort_cuda.py checks it)")
     steps = reference_steps(tiny_model, [random_ids(gen, 1, 5, tiny_model.cfg.vocab_size)[0].tolist()], 1)
     with pytest.raises(RuntimeError, match="did not enable the CUDA provider"):
-        check_bundle(tiny_bundle, tiny_model, "portable", steps, providers=list(CUDA_PROVIDERS))
+        check_bundle(tiny_bundle, tiny_model, "portable", steps, providers=cuda_providers())
     script = Path(__file__).resolve().parents[1] / "scripts" / "check_accuracy.py"
     run = subprocess.run([sys.executable, str(script), "--bundle", str(tiny_bundle.path),
                           "--provider", "cuda"], capture_output=True, text=True, timeout=300, check=False)

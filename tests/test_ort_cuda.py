@@ -89,7 +89,7 @@ def test_the_polygraphy_check_passes_on_the_cuda_provider(step_case, gen):
     carry its wheel like onnxruntime-gpu's)."""
     pytest.importorskip("polygraphy")
     from dsflash.export.accuracy import check_bundle, reference_steps
-    from dsflash.export.ort_session import CUDA_PROVIDERS
+    from dsflash.export.ort_session import cuda_providers
     from dsflash.runtime.weights import model_from_bundle
 
     from conftest import random_ids
@@ -98,7 +98,7 @@ def test_the_polygraphy_check_passes_on_the_cuda_provider(step_case, gen):
     model = model_from_bundle(bundle)
     prompts = [random_ids(gen, 1, n, bundle.config.vocab_size)[0].tolist() for n in (19, 5)]
     steps = reference_steps(model, prompts, decode_steps=8)
-    report = check_bundle(bundle, model, "portable", steps, providers=list(CUDA_PROVIDERS))
+    report = check_bundle(bundle, model, "portable", steps, providers=cuda_providers())
     assert report.passed, report.first_failure
     assert report.steps == 11
 

@@ -444,12 +444,11 @@ def test_sessions_on_the_cuda_provider_run_without_memory_reuse(tiny_bundle):
     the others keep it. (CPU-only onnxruntime falls back to CPU, keeping the options.)"""
     import warnings
 
-    from dsflash.export.ort_session import ort_session
+    from dsflash.export.ort_session import cuda_providers, ort_session
 
-    cuda = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "CUDAExecutionProvider is not available" without a GPU
-        on_cuda = ort_session(tiny_bundle, "decoder_step", "portable", cuda)
+        on_cuda = ort_session(tiny_bundle, "decoder_step", "portable", cuda_providers())
     assert on_cuda.get_session_options().enable_mem_reuse is False
     on_cpu = ort_session(tiny_bundle, "decoder_step", "portable")
     assert on_cpu.get_session_options().enable_mem_reuse is True
