@@ -227,7 +227,7 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
 
 
 def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = (), ranks: list[int] = (),
-                  firsts: list[int] = (), ties: bool = False, selects: list[tuple] = ()) -> dict:
+                  firsts: list[int] = (), ties: bool = False) -> dict:
     """Label -> StableTopkLauncher overrides: each chunk with 4 warps, 4 warps without the idle
     skip and 8 warps; each digit split (widths of the passes, most significant first) with the
     launcher's own chunk; with `blocks`, the radix form and the block-max form (prefilter.py) at
@@ -235,9 +235,7 @@ def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = ()
     reading the live blocks only, then the live collect under each rank block (candidates per rank
     program); with `firsts`, the block-max form's first launch at each count of blocks per program
     (BM_CHUNK: 16 blocks of 16 scores are 1 KB per program); with `ties`, its rank launch with the
-    entries tied at T written by programs of their own against by the rank programs; with `selects`,
-    how the block-max form finds T after its first launch: digit launches, and one program per row
-    at each (SUB_BITS, SELECT_WARPS)."""
+    entries tied at T written by programs of their own against by the rank programs."""
     out = {"radix form": {"FORM": "radix"}} if blocks else {}
     if ranks:
         out["collect chunk"] = {"COLLECT": "chunk"}
@@ -251,11 +249,6 @@ def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = ()
     if ties:
         out["ties in programs of their own"] = {"FORM": "prefilter", "TIES": "chunk"}
         out["ties in the rank programs"] = {"FORM": "prefilter", "TIES": "rank"}
-    if selects:
-        out["T by digit passes"] = {"FORM": "prefilter", "SELECT": "passes"}
-    for sub_bits, warps in selects:
-        out[f"T by one program, {sub_bits}-bit steps, {warps} warps"] = {
-            "FORM": "prefilter", "SELECT": "row", "SUB_BITS": sub_bits, "SELECT_WARPS": warps}
     for chunk in chunks:
         for warps, skip in ((4, True), (4, False), (8, True)):
             out[f"chunk {chunk} warps {warps}{'' if skip else ' no skip'}"] = {
@@ -265,14 +258,6 @@ def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = ()
     return out
 
 
-def parse_select(text: str) -> tuple[int, int]:
-    """'SUB_BITS:SELECT_WARPS' of --topk-select as two ints, or a ValueError naming the entry."""
-    parts = text.split(":")
-    if len(parts) != 2 or not all(part.isdigit() for part in parts):
-        raise ValueError(f"--topk-select: {text!r} is not SUB_BITS:SELECT_WARPS (e.g. 4:8)")
-    return int(parts[0]), int(parts[1])
-
-
 def parse_overrides(text: str) -> dict:
     """'KEY=VALUE,...' of --topk-over as a dict (digit strings as ints), or a ValueError naming
     the entry."""
@@ -280,7 +265,7 @@ def parse_overrides(text: str) -> dict:
     for item in filter(None, text.split(",")):
         key, sep, value = item.partition("=")
         if not sep or not key.isupper() or not value:
-            raise ValueError(f"--topk-over: {item!r} is not KEY=VALUE (e.g. SELECT=row)")
+            raise ValueError(f"--topk-over: {item!r} is not KEY=VALUE (e.g. TIES=chunk)")
         out[key] = int(value) if value.isdigit() else value
     return out
 
@@ -535,11 +520,8 @@ def main() -> None:
     ap.add_argument("--topk-ties", action="store_true",
                     help="sweep the block-max form's rank launch: the ties at T in programs of their own "
                     "or in the rank programs")
-    ap.add_argument("--topk-select", default="",
-                    help="sweep how the block-max form finds T: digit launches against one program per row "
-                    "at each SUB_BITS:SELECT_WARPS (e.g. 4:8,2:16)")
     ap.add_argument("--topk-over", default="",
-                    help="time the layers with these top-k launcher overrides (KEY=VALUE,..., e.g. SELECT=row; "
+                    help="time the layers with these top-k launcher overrides (KEY=VALUE,..., e.g. COLLECT=chunk; "
                     "integers as integers)")
     ap.add_argument("--fp4-configs", default="", help="sweep the FP4 index kernel's launch "
                     "(BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS],...) instead of timing the layers")
@@ -572,7 +554,6 @@ def main() -> None:
                   for split in filter(None, args.topk_digits.split(","))]
         for split in digits:
             digit_passes(split)  # widths 1..11 adding up to 32, or a ValueError naming them
-        topk_selects = [parse_select(v) for v in filter(None, args.topk_select.split(","))]
         topk_over = parse_overrides(args.topk_over)
     except ValueError as err:
         ap.error(str(err))
@@ -589,12 +570,10 @@ def main() -> None:
     topk_blocks = [int(b) for b in filter(None, args.topk_blocks.split(","))]
     topk_ranks = [int(r) for r in filter(None, args.topk_ranks.split(","))]
     topk_firsts = [int(f) for f in filter(None, args.topk_first.split(","))]
-    topk_sweeps = (args.topk_chunks or digits or topk_blocks or topk_ranks or topk_firsts or args.topk_ties
-                   or topk_selects)
+    topk_sweeps = args.topk_chunks or digits or topk_blocks or topk_ranks or topk_firsts or args.topk_ties
     if topk_sweeps:
         chunks = [int(c) for c in filter(None, args.topk_chunks.split(","))]
-        settings = topk_settings(chunks, digits, topk_blocks, topk_ranks, topk_firsts, args.topk_ties,
-                                 topk_selects)
+        settings = topk_settings(chunks, digits, topk_blocks, topk_ranks, topk_firsts, args.topk_ties)
         res["topk_sweep_us"] = {f"batch {b} ctx {c}": topk_sweep(b, c, gen, settings)
                                 for c in contexts for b in batches}
         (out / "topk_sweep.json").write_text(json.dumps(res, indent=1))

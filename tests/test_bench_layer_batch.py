@@ -55,10 +55,8 @@ def test_layer_bytes_grow_with_the_batch_and_bound_the_speed_ups(bench):
     (["--attn-configs", "64:32:8:4:p3"], "attention config '64:32:8:4:p3' is not"),
     (["--topk-digits", "8-8-8"], "digit widths (8, 8, 8) must be 1..11 bits each and add up to 32"),
     (["--topk-digits", "16-16"], "digit widths (16, 16) must be"),
-    (["--topk-select", "4:8,4"], "--topk-select: '4' is not SUB_BITS:SELECT_WARPS"),
-    (["--topk-select", "4:x"], "--topk-select: '4:x' is not SUB_BITS:SELECT_WARPS"),
-    (["--topk-over", "SELECT"], "--topk-over: 'SELECT' is not KEY=VALUE"),
-    (["--topk-over", "select=row"], "--topk-over: 'select=row' is not KEY=VALUE"),
+    (["--topk-over", "TIES"], "--topk-over: 'TIES' is not KEY=VALUE"),
+    (["--topk-over", "ties=chunk"], "--topk-over: 'ties=chunk' is not KEY=VALUE"),
 ])
 def test_bad_sizes_are_refused_by_name(tmp_path, args, message):
     bad = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), *args], capture_output=True,
@@ -104,15 +102,9 @@ def test_sweep_settings_spell_out_the_launches(bench):
     assert bench.topk_settings([], [], ties=True) == {
         "ties in programs of their own": {"FORM": "prefilter", "TIES": "chunk"},
         "ties in the rank programs": {"FORM": "prefilter", "TIES": "rank"}}
-    assert bench.parse_overrides("SELECT=row,SUB_BITS=2") == {"SELECT": "row", "SUB_BITS": 2}
+    # --topk-over: the layer table's top-k launcher overrides
+    assert bench.parse_overrides("TIES=chunk,RANK_BLOCK=16") == {"TIES": "chunk", "RANK_BLOCK": 16}
     assert bench.parse_overrides("") == {}
-    # --topk-select: T by digit launches against by one program per row at each step width and warps
-    assert bench.topk_settings([], [], selects=[(4, 8), (2, 16)]) == {
-        "T by digit passes": {"FORM": "prefilter", "SELECT": "passes"},
-        "T by one program, 4-bit steps, 8 warps": {"FORM": "prefilter", "SELECT": "row", "SUB_BITS": 4,
-                                                   "SELECT_WARPS": 8},
-        "T by one program, 2-bit steps, 16 warps": {"FORM": "prefilter", "SELECT": "row", "SUB_BITS": 2,
-                                                    "SELECT_WARPS": 16}}
     assert bench.parse_attn_configs("16:32:4:3,64:16:8:2:5,64:32:8:4:a,64:16:8:8:2:a:p4") == [
         {"BLOCK_H": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3},
         {"BLOCK_H": 64, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2, "n_split": 5},

@@ -682,23 +682,20 @@ def _assert_topk_workspaces_cleared(launcher):
                                             (2, 5, 8, None), (1, 3000, 100, 256), (2, 700, 1, 128),
                                             (1, 64, 64, 16)])
 @pytest.mark.parametrize("digits", [None, (11, 11, 10), (5, 9, 7, 11)])
-@pytest.mark.parametrize("form", ["radix", "prefilter", "row select"])
+@pytest.mark.parametrize("form", ["radix", "prefilter"])
 def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk, digits, form):
     """Same indices and values as the stable sort, bit for bit: ties (ReLU zeros, rounded
     values) to the lower index across chunks, -inf / +inf, k > N, k = 1, k = N, several chunks,
     twice on one launcher (its histograms and counters must clear), for the default digit
     schedule and two others (fewer, wider passes; uneven widths), in both forms (the block-max
-    form falls back to the radix one where a row has fewer than k blocks), the block-max form also
-    with T found by one program per row (SELECT="row": 4-bit steps after the default first digit,
-    3-bit after 11 bits, 1-bit after 5)."""
+    form falls back to the radix one where a row has fewer than k blocks)."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
     scores = torch.relu(torch.randn(rows, n, generator=gen)).round(decimals=1)
     scores[0, ::7] = float("-inf")
     scores[-1, 3] = float("inf")
-    over = ({"CHUNK": chunk} if chunk else {}) | ({"DIGITS": digits} if digits else {})
-    over |= {"FORM": "prefilter", "SELECT": "row"} if form == "row select" else {"FORM": form}
+    over = ({"CHUNK": chunk} if chunk else {}) | ({"DIGITS": digits} if digits else {}) | {"FORM": form}
     launcher = topk_kernel.StableTopkLauncher(overrides=over)
     want_v, want_i = topk_ref.stable_topk(scores, k)
     for _ in range(2):
@@ -746,9 +743,7 @@ def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block):
 @pytest.mark.parametrize("case", ["ascending", "sparse ties", "equal run", "all equal", "all -inf"])
 @pytest.mark.parametrize("over", [{"COLLECT": "chunk"}, {"LIVE_BLOCKS": 1}, {"LIVE_BLOCKS": 4, "CHUNK": 64},
                                   {"BM_CHUNK": 1}, {"BM_CHUNK": 512}, {"TIES": "chunk"},
-                                  {"TIES": "rank", "RANK_BLOCK": 64, "CHUNK": 16}, {"SELECT": "row"},
-                                  {"SELECT": "row", "SUB_BITS": 8, "COLLECT": "chunk"},
-                                  {"SELECT": "row", "SUB_BITS": 2, "SELECT_TILE": 64}])
+                                  {"TIES": "rank", "RANK_BLOCK": 64, "CHUNK": 16}])
 def test_stable_topk_block_max_collect_forms_are_exact(gen, case, over):
     """Both collect launches of the block-max form give the stable sort's bits on the bound cases:
     every chunk read whole ("chunk"), and only the live blocks (the default) listed and read one or
@@ -757,8 +752,7 @@ def test_stable_topk_block_max_collect_forms_are_exact(gen, case, over):
     of one block per program or of more blocks than a row has (BM_CHUNK: 512 of its 250); and so
     do the ties at T written by programs of their own, one per chunk (TIES="chunk"; the default
     has the rank programs write them), and by a few rank programs that take every chunk of 16
-    entries in turn; and so does T found by one program per row (SELECT="row") in 4-, 8- and 2-bit
-    steps, the last reading the maxima 64 at a time (several loads per step)."""
+    entries in turn."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
@@ -784,8 +778,7 @@ def test_stable_topk_picks_its_form_by_blocks():
     """The block-max form serves rows of at least 4k blocks (a Full layer's 128K entries, one row
     or many); rows of fewer blocks (a listed pool of 16K) take the radix form; a forced form it
     cannot serve (fewer than k blocks) falls back; a bad FORM, BLOCK, CHUNK, COLLECT, LIVE_BLOCKS,
-    RANK_BLOCK, CMP_BLOCK, BM_CHUNK, TIES, SELECT, SUB_BITS or SELECT_TILE is refused before any
-    launch, naming it."""
+    RANK_BLOCK, CMP_BLOCK, BM_CHUNK or TIES is refused before any launch, naming it."""
     from dsflash.plugins.stable_topk.kernel import PREFILTER_BLOCK, StableTopkLauncher
 
     auto, forced = StableTopkLauncher(), StableTopkLauncher(overrides={"FORM": "prefilter"})
@@ -810,14 +803,6 @@ def test_stable_topk_picks_its_form_by_blocks():
         StableTopkLauncher(overrides={"BM_CHUNK": 24})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="TIES must be 'chunk' or 'rank', got 'all'"):
         StableTopkLauncher(overrides={"TIES": "all"})(*_dev(torch.rand(2, 4096)), 8)
-    with pytest.raises(ValueError, match="SELECT must be 'row' or 'passes', got 'one'"):
-        StableTopkLauncher(overrides={"SELECT": "one"})(*_dev(torch.rand(2, 4096)), 8)
-    for bad in (5, 0, 16, 2.0):  # 5 does not divide the 24 bits after the first 8-bit digit
-        with pytest.raises(ValueError, match=f"SUB_BITS must be 1..8 and divide the 24 bits after the first "
-                                             f"digit, got {bad!r}"):
-            StableTopkLauncher(overrides={"SELECT": "row", "SUB_BITS": bad})(*_dev(torch.rand(2, 4096)), 8)
-    with pytest.raises(ValueError, match="SELECT_TILE must be a power of two, got 100"):
-        StableTopkLauncher(overrides={"SELECT_TILE": 100})(*_dev(torch.rand(2, 4096)), 8)
 
 
 @pytest.mark.parametrize("regs, warps, shared, want", [

@@ -279,9 +279,7 @@ def decode_attention_inputs(gen, n=131072):
 
 
 TOPK_FORMS = {"radix": {"FORM": "radix"}, "prefilter": {"FORM": "prefilter"},
-              "prefilter, whole chunks": {"FORM": "prefilter", "COLLECT": "chunk"},
-              "prefilter, row select": {"FORM": "prefilter", "SELECT": "row"},
-              "prefilter, digit passes": {"FORM": "prefilter", "SELECT": "passes"}}
+              "prefilter, whole chunks": {"FORM": "prefilter", "COLLECT": "chunk"}}
 
 
 @pytest.mark.parametrize("form", list(TOPK_FORMS))
@@ -390,8 +388,7 @@ def test_stable_topk_flash_sizes(gen, rows, n, k, pdl, form):
     programmatic dependent launch (the default on sm_90) and without (64 rows of 16K: a Reindex
     layer's listed pools at a decode batch; 64 of 128K: Full layers'), in both forms (the
     block-max one falls back to the radix one where a row has fewer than k blocks; its collect
-    launch over the live blocks, the default, and over whole chunks; T from one program per row
-    and from digit launches)."""
+    launch over the live blocks, the default, and over whole chunks)."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 

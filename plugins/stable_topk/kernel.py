@@ -62,7 +62,6 @@ from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
 from dsflash.plugins.stable_topk.keys import chunk_keys, clear_histograms, narrowed, place_among, write_picks
 from dsflash.plugins.stable_topk.prefilter import (
     block_max_pass_kernel,
-    block_max_select_kernel,
     prefilter_collect_kernel,
     prefilter_collect_live_kernel,
     prefilter_rank_kernel,
@@ -184,9 +183,7 @@ class StableTopkLauncher(LauncherBase):
     (False: plain launches), SKIP_IDLE (False: every program of a digit pass builds its histogram);
     the block-max form's FORM, BLOCK, COLLECT ('live' or 'chunk'), LIVE_BLOCKS (live blocks read
     per step of the live collect), BM_CHUNK (blocks per program of its first launch) and TIES
-    ('chunk' or 'rank': which programs of the rank launch write the entries tied at T), SELECT
-    ('passes' or 'row': T from digit launches or from one program per row, _row_select) with the
-    row select's SUB_BITS, SELECT_TILE and SELECT_WARPS."""
+    ('chunk' or 'rank': which programs of the rank launch write the entries tied at T)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
 
@@ -271,23 +268,6 @@ class StableTopkLauncher(LauncherBase):
         require(is_pow2(value), f"StableTopk: {name} must be a power of two, got {value!r}")
         return value
 
-    def _row_select(self, passes: tuple, m: int) -> tuple[str, tuple[int, int, int]]:
-        """How the block-max form finds T after its first launch: "passes" (a digit launch per
-        further digit, over the maxima) or "row" (block_max_select_kernel: one program per row,
-        steps of SUB_BITS bits), the override SELECT if given; and the row select's (SUB_BITS,
-        TILE: maxima per load, SELECT_WARPS)."""
-        select = self._overrides.get("SELECT", "passes")
-        require(select in ("row", "passes"), f"StableTopk: SELECT must be 'row' or 'passes', got {select!r}")
-        rest = 32 - passes[0][1]
-        # 4-bit steps (6 after the default 8-bit first digit); narrower where 4 does not divide
-        # what a DIGITS override leaves
-        sub_bits = self._overrides.get("SUB_BITS", max(b for b in (4, 3, 2, 1) if rest % b == 0))
-        require(isinstance(sub_bits, int) and 1 <= sub_bits <= 8 and rest % sub_bits == 0,
-                f"StableTopk: SUB_BITS must be 1..8 and divide the {rest} bits after the first digit, "
-                f"got {sub_bits!r}")
-        tile = min(next_pow2(m), self._pow2("SELECT_TILE", 8192))
-        return select, (sub_bits, tile, self._pow2("SELECT_WARPS", 8))
-
     def _form(self, n: int, k_out: int, block: int) -> str:
         """"radix" or "prefilter" (prefilter.py), the override FORM if given. The block-max form
         needs at least k maxima; by default it serves rows of at least 4k blocks: with fewer, most
@@ -334,7 +314,6 @@ class StableTopkLauncher(LauncherBase):
         ties = self._overrides.get("TIES", "rank")
         require(ties in ("chunk", "rank"), f"StableTopk: TIES must be 'chunk' or 'rank', got {ties!r}")
         ties_in_rank = ties == "rank"
-        select, row_select = self._row_select(passes, m)
         cap = k_out * block  # above (k - 1) x block entries cannot be above T (prefilter.py)
         # blocks per program of the first launch: as many scores as a digit pass's program reads.
         # At 64 rows of 128K it read its 32 MB at 2.4 TB/s (13.5 us, session 24): BM_CHUNK sweeps
@@ -368,28 +347,21 @@ class StableTopkLauncher(LauncherBase):
         block_max_pass_kernel[(rows, cdiv(m, bm_chunk))](
             flat, n, m, k_out, hist, state, counter, bm, SHIFT=shift, BITS=bits, CHUNK=bm_chunk, BLOCK=block,
             **common)
-        if select == "row":
-            sub_bits, tile, select_warps = row_select
-            block_max_select_kernel[(rows,)](
-                bm, m, hist, state, ws["tval"], FIRST_BITS=bits, SUB_BITS=sub_bits, TILE=tile,
-                **(common | {"num_warps": select_warps}))
-        else:
-            for i, (shift, bits) in enumerate(passes[1:], start=1):
-                radix_digit_pass_kernel[(rows, cdiv(m, pass_chunk))](
-                    bm, m, k_out, hist, state, counter, ws["prog_eq"], SHIFT=shift, BITS=bits, PASS=i,
-                    PREV_BITS=passes[i - 1][1], LAST=False, CHUNK=pass_chunk,
-                    SKIP_IDLE=self._overrides.get("SKIP_IDLE", True), **common)
-        t_ready = select == "row"
+        for i, (shift, bits) in enumerate(passes[1:], start=1):
+            radix_digit_pass_kernel[(rows, cdiv(m, pass_chunk))](
+                bm, m, k_out, hist, state, counter, ws["prog_eq"], SHIFT=shift, BITS=bits, PASS=i,
+                PREV_BITS=passes[i - 1][1], LAST=False, CHUNK=pass_chunk,
+                SKIP_IDLE=self._overrides.get("SKIP_IDLE", True), **common)
         if collect == "live":
             live = ws["live"].view(-1)[:rows * m]
             prefilter_collect_live_kernel[(rows, n_prog)](
                 flat, n, m, bm, live, hist, state, counter, ws["prog_eq"], ws["cand"], ws["tval"], cand_cap,
                 CHUNK=chunk, BLOCK=block, LIVE_BLOCKS=live_blocks,
-                LAST_BITS=passes[-1][1], T_READY=t_ready, **common)
+                LAST_BITS=passes[-1][1], **common)
         else:
             prefilter_collect_kernel[(rows, n_prog)](
                 flat, n, hist, state, counter, ws["prog_eq"], ws["cand"], ws["tval"], cand_cap, CHUNK=chunk,
-                LAST_BITS=passes[-1][1], T_READY=t_ready, **common)
+                LAST_BITS=passes[-1][1], **common)
         rank_block, cmp_block = rank
         rank_progs = cdiv(k_out, rank_block)
         tie_progs = 0 if ties_in_rank else n_prog

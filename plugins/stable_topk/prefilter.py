@@ -11,9 +11,7 @@ to T in index order, the reference's tie rule.
 Launches (grid (rows, programs) each, none waiting for another inside a launch):
 1. block_max_pass_kernel: the block maxima of each row (written, clamped as the reference sorts)
    and the first digit pass of the radix select over them;
-2. kernel.py's radix_digit_pass_kernel for the other digits, over the maxima: T; or, with
-   SELECT="row", block_max_select_kernel: one program per row finds the other digits of T from
-   the maxima in a loop of narrower histograms (one launch instead of three);
+2. kernel.py's radix_digit_pass_kernel for the other digits, over the maxima: T;
 3. prefilter_collect_live_kernel (from 2 rows) or prefilter_collect_kernel (one row): the
    entries above T into a candidate list (slots from a relaxed atomic counter, unordered) and each
    chunk's count of entries equal to T; the live form reads only the blocks whose maximum is >= T
@@ -78,64 +76,17 @@ def block_max_pass_kernel(scores_ptr, N, M, k, hist, state, counter, bm_ptr, SHI
 
 
 @triton.jit
-def block_max_select_kernel(bm_ptr, M, hist, state, tval, FIRST_BITS: tl.constexpr, SUB_BITS: tl.constexpr,
-                            TILE: tl.constexpr, HIST_BINS: tl.constexpr, PASSES: tl.constexpr,
-                            PDL: tl.constexpr = False):
-    """Grid (rows,): T, the k-th largest key of the row's M maxima bm[row, :M], into tval[row], by
-    one program. The first launch's finished histogram gives T's top FIRST_BITS bits (narrowed);
-    the other 32 - FIRST_BITS follow SUB_BITS at a time, each from a histogram of 2^SUB_BITS bins
-    over the maxima still in play, read TILE at a time (from L1 after the first step).
-
-    Why one program: over the maxima (8,192 for a row of 128K) a digit launch is mostly its launch
-    latency, while a step inside one program is a histogram and a barrier; and tl.histogram's cost
-    per entry grows with its bins (kernel.py's docstring), so the narrow steps cost little more
-    than the wide passes they replace."""
-    wait_for_earlier_grids(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    prefix, k_rem = narrowed(hist, state, row, 0, FIRST_BITS, HIST_BINS, PASSES)
-    BINS: tl.constexpr = 1 << SUB_BITS
-    b = tl.arange(0, BINS)
-    for step in tl.static_range((32 - FIRST_BITS) // SUB_BITS):
-        shift = 32 - FIRST_BITS - (step + 1) * SUB_BITS
-        h = tl.zeros([BINS], dtype=tl.int32)
-        for t in tl.range(0, M, TILE):
-            j = t + tl.arange(0, TILE)
-            ok = j < M
-            key = order_key(tl.load(bm_ptr + row * M + j, mask=ok, other=0.0))
-            play = ok & ((key >> (shift + SUB_BITS)) == prefix)
-            h += tl.histogram(((key >> shift) & (BINS - 1)).to(tl.int32), BINS, mask=play)
-        at_or_above = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h  # as narrowed's
-        above = at_or_above - h
-        d = tl.max(tl.where((above < k_rem) & (at_or_above >= k_rem), b, -1), axis=0)
-        k_rem -= tl.sum(tl.where(b == d, above, 0), axis=0).to(tl.int64)
-        prefix = (prefix << SUB_BITS) | d.to(tl.int64)
-    tl.store(tval + row, prefix)
-
-
-@triton.jit
-def _threshold(hist, state, tval, row, p, T_READY: tl.constexpr, LAST_BITS: tl.constexpr,
-               HIST_BINS: tl.constexpr, PASSES: tl.constexpr):
-    """T for a collect program: from tval (block_max_select_kernel wrote it) or from the last
-    digit pass's histogram, which the row's first program then writes to tval for the rank."""
-    if T_READY:
-        t = tl.load(tval + row, cache_modifier=".cg")
-    else:
-        t, _ = narrowed(hist, state, row, PASSES - 1, LAST_BITS, HIST_BINS, PASSES)
-        if p == 0:
-            tl.store(tval + row, t)
-    return t
-
-
-@triton.jit
 def prefilter_collect_kernel(scores_ptr, N, hist, state, counter, prog_eq, cand, tval, CAP,
                              CHUNK: tl.constexpr, LAST_BITS: tl.constexpr, HIST_BINS: tl.constexpr,
-                             PASSES: tl.constexpr, T_READY: tl.constexpr = False, PDL: tl.constexpr = False):
-    """Grid (rows, chunks): T (_threshold: from tval, or from the last digit pass over the
-    maxima into tval[row] for the rank launch), the entries above T into cand[row, :CAP] as keys (score key, reversed index),
+                             PASSES: tl.constexpr, PDL: tl.constexpr = False):
+    """Grid (rows, chunks): T from the last digit pass over the maxima (into tval[row] for the
+    rank launch), the entries above T into cand[row, :CAP] as keys (score key, reversed index),
     and the chunk's count of entries equal to T into prog_eq[row, chunk]."""
     wait_for_earlier_grids(PDL)
     row, p, n_prog, n, ok, key = chunk_keys(scores_ptr, N, CHUNK)
-    t = _threshold(hist, state, tval, row, p, T_READY, LAST_BITS, HIST_BINS, PASSES)
+    t, _ = narrowed(hist, state, row, PASSES - 1, LAST_BITS, HIST_BINS, PASSES)
+    if p == 0:
+        tl.store(tval + row, t)
     gt = ok & (key > t)
     tl.store(prog_eq + row * n_prog + p, tl.sum((ok & (key == t)).to(tl.int32), axis=0))
     n_mine = tl.sum(gt.to(tl.int32), axis=0)
@@ -151,7 +102,7 @@ def prefilter_collect_kernel(scores_ptr, N, hist, state, counter, prog_eq, cand,
 def prefilter_collect_live_kernel(scores_ptr, N, M, bm_ptr, live_ptr, hist, state, counter, prog_eq, cand, tval,
                                   CAP, CHUNK: tl.constexpr, BLOCK: tl.constexpr, LIVE_BLOCKS: tl.constexpr,
                                   LAST_BITS: tl.constexpr, HIST_BINS: tl.constexpr, PASSES: tl.constexpr,
-                                  T_READY: tl.constexpr = False, PDL: tl.constexpr = False):
+                                  PDL: tl.constexpr = False):
     """prefilter_collect_kernel's outputs (same grid, same CHUNK) from the live blocks only: those
     whose maximum is >= T, since every entry >= T lies in one. A program reads its CHUNK / BLOCK
     maxima, lists its live blocks' numbers in live_ptr[row, p * CHUNK / BLOCK:] (its own part of a
@@ -162,7 +113,9 @@ def prefilter_collect_live_kernel(scores_ptr, N, M, bm_ptr, live_ptr, hist, stat
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     n_prog = tl.num_programs(1)
-    t = _threshold(hist, state, tval, row, p, T_READY, LAST_BITS, HIST_BINS, PASSES)
+    t, _ = narrowed(hist, state, row, PASSES - 1, LAST_BITS, HIST_BINS, PASSES)
+    if p == 0:
+        tl.store(tval + row, t)
     NB: tl.constexpr = CHUNK // BLOCK
     j = p * NB + tl.arange(0, NB)
     top = tl.load(bm_ptr + row * M + j, mask=j < M, other=0.0, cache_modifier=".cg")
