@@ -70,6 +70,20 @@ def attention(n: int, gen):
     return lambda: launcher(q, kv, idx, win, wmask, sink, bench.HEAD_DIM ** -0.5)
 
 
+def attention_batch(rows: int, n: int, gen):
+    """The attention at a decode batch as bench_layer_batch.py times it: each row its own n
+    entries (made on the GPU: 64 rows of 128K are 8 GB), 512 picks and the 128-key window."""
+    cuda = torch.Generator(device="cuda").manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    q = torch.randn(rows, 1, bench.HEADS, bench.HEAD_DIM, generator=cuda, device="cuda", dtype=bench.BF16)
+    kv = torch.randn(rows, n, bench.HEAD_DIM, generator=cuda, device="cuda", dtype=bench.BF16)
+    idx = torch.randint(0, n, (rows, 1, bench.TOPK), generator=cuda, device="cuda")
+    win = torch.randn(rows, bench.WINDOW, bench.HEAD_DIM, generator=cuda, device="cuda", dtype=bench.BF16)
+    wmask = torch.ones(rows, 1, bench.WINDOW, dtype=torch.bool, device="cuda")
+    sink = torch.randn(bench.HEADS, generator=cuda, device="cuda")
+    launcher = attn_kernel.SparseAttentionLauncher()
+    return lambda: launcher(q, kv, idx, win, wmask, sink, bench.HEAD_DIM ** -0.5)
+
+
 CASES = {"mhc8192": lambda g: mhc(8192, g), "mhc1": lambda g: mhc(1, g),
          "mhc8192_split4": lambda g: mhc(8192, g, n_split=4),
          "topk131072": lambda g: topk(131072, g),
@@ -78,7 +92,8 @@ CASES = {"mhc8192": lambda g: mhc(8192, g), "mhc1": lambda g: mhc(1, g),
          "index_fp4_131072": lambda g: index_fp4(131072, g),
          "index_fp4_131072_b64": lambda g: index_fp4(131072, g, batch=64),
          "index131072": lambda g: index_bf16(131072, g),
-         "attn_decode": lambda g: attention(65536, g)}
+         "attn_decode": lambda g: attention(65536, g),
+         "attn131072_b64": lambda g: attention_batch(64, 131072, g)}
 
 
 def main() -> None:
