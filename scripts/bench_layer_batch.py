@@ -259,14 +259,18 @@ def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = ()
 
 
 def parse_overrides(text: str) -> dict:
-    """'KEY=VALUE,...' of --topk-over as a dict (digit strings as ints), or a ValueError naming
-    the entry."""
+    """'KEY=VALUE,...' of --topk-over as a dict (digit strings as ints, True / False as booleans),
+    or a ValueError naming the entry; KEY must be one the top-k launcher reads (an unknown one
+    would be ignored, and the table would claim a setting it did not run)."""
     out = {}
     for item in filter(None, text.split(",")):
         key, sep, value = item.partition("=")
-        if not sep or not key.isupper() or not value:
+        if not sep or not value:
             raise ValueError(f"--topk-over: {item!r} is not KEY=VALUE (e.g. TIES=chunk)")
-        out[key] = int(value) if value.isdigit() else value
+        if key not in StableTopkLauncher.OVERRIDES:
+            raise ValueError(f"--topk-over: {key!r} is not a top-k override "
+                             f"(one of {sorted(StableTopkLauncher.OVERRIDES)})")
+        out[key] = int(value) if value.isdigit() else {"True": True, "False": False}.get(value, value)
     return out
 
 

@@ -59,27 +59,19 @@ def index_fp4(n: int, gen, batch: int = 1):
     return lambda: index_kernel.csa2_index_score_fp4(iq, iw, codes, exps, visible)
 
 
-def attention(n: int, gen):
-    q = torch.randn(1, 1, bench.HEADS, bench.HEAD_DIM, generator=gen).to("cuda", bench.BF16)
-    kv = torch.randn(1, n, bench.HEAD_DIM, generator=gen).to("cuda", bench.BF16)
-    idx = torch.randint(0, n, (1, 1, bench.TOPK), generator=gen).cuda()
-    win = torch.randn(1, bench.WINDOW, bench.HEAD_DIM, generator=gen).to("cuda", bench.BF16)
-    wmask = torch.ones(1, 1, bench.WINDOW, dtype=torch.bool, device="cuda")
-    sink = torch.randn(bench.HEADS, generator=gen).cuda()
-    launcher = attn_kernel.SparseAttentionLauncher()
-    return lambda: launcher(q, kv, idx, win, wmask, sink, bench.HEAD_DIM ** -0.5)
-
-
-def attention_batch(rows: int, n: int, gen):
-    """The attention at a decode batch as bench_layer_batch.py times it: each row its own n
-    entries (made on the GPU: 64 rows of 128K are 8 GB), 512 picks and the 128-key window."""
+def attention(n: int, gen, rows: int = 1):
+    """The attention over `rows` query rows, each with its own n entries (made on the GPU: 64 rows
+    of 128K are 8 GB), 512 picks and the 128-key window, as bench_layer_batch.py times it."""
     cuda = torch.Generator(device="cuda").manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
-    q = torch.randn(rows, 1, bench.HEADS, bench.HEAD_DIM, generator=cuda, device="cuda", dtype=bench.BF16)
-    kv = torch.randn(rows, n, bench.HEAD_DIM, generator=cuda, device="cuda", dtype=bench.BF16)
+
+    def randn(*shape, dtype=bench.BF16):
+        return torch.randn(*shape, generator=cuda, device="cuda", dtype=dtype)
+
+    q, kv, win = randn(rows, 1, bench.HEADS, bench.HEAD_DIM), randn(rows, n, bench.HEAD_DIM), \
+        randn(rows, bench.WINDOW, bench.HEAD_DIM)
     idx = torch.randint(0, n, (rows, 1, bench.TOPK), generator=cuda, device="cuda")
-    win = torch.randn(rows, bench.WINDOW, bench.HEAD_DIM, generator=cuda, device="cuda", dtype=bench.BF16)
     wmask = torch.ones(rows, 1, bench.WINDOW, dtype=torch.bool, device="cuda")
-    sink = torch.randn(bench.HEADS, generator=cuda, device="cuda")
+    sink = randn(bench.HEADS, dtype=torch.float32)
     launcher = attn_kernel.SparseAttentionLauncher()
     return lambda: launcher(q, kv, idx, win, wmask, sink, bench.HEAD_DIM ** -0.5)
 
@@ -93,7 +85,7 @@ CASES = {"mhc8192": lambda g: mhc(8192, g), "mhc1": lambda g: mhc(1, g),
          "index_fp4_131072_b64": lambda g: index_fp4(131072, g, batch=64),
          "index131072": lambda g: index_bf16(131072, g),
          "attn_decode": lambda g: attention(65536, g),
-         "attn131072_b64": lambda g: attention_batch(64, 131072, g)}
+         "attn131072_b64": lambda g: attention(131072, g, rows=64)}
 
 
 def main() -> None:

@@ -56,7 +56,8 @@ def test_layer_bytes_grow_with_the_batch_and_bound_the_speed_ups(bench):
     (["--topk-digits", "8-8-8"], "digit widths (8, 8, 8) must be 1..11 bits each and add up to 32"),
     (["--topk-digits", "16-16"], "digit widths (16, 16) must be"),
     (["--topk-over", "TIES"], "--topk-over: 'TIES' is not KEY=VALUE"),
-    (["--topk-over", "ties=chunk"], "--topk-over: 'ties=chunk' is not KEY=VALUE"),
+    (["--topk-over", "ties=chunk"], "--topk-over: 'ties' is not a top-k override"),
+    (["--topk-over", "TIES="], "--topk-over: 'TIES=' is not KEY=VALUE"),
 ])
 def test_bad_sizes_are_refused_by_name(tmp_path, args, message):
     bad = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), *args], capture_output=True,
@@ -103,7 +104,8 @@ def test_sweep_settings_spell_out_the_launches(bench):
         "ties in programs of their own": {"FORM": "prefilter", "TIES": "chunk"},
         "ties in the rank programs": {"FORM": "prefilter", "TIES": "rank"}}
     # --topk-over: the layer table's top-k launcher overrides
-    assert bench.parse_overrides("TIES=chunk,RANK_BLOCK=16") == {"TIES": "chunk", "RANK_BLOCK": 16}
+    assert bench.parse_overrides("TIES=chunk,RANK_BLOCK=16,PDL=False,num_warps=8") == {
+        "TIES": "chunk", "RANK_BLOCK": 16, "PDL": False, "num_warps": 8}
     assert bench.parse_overrides("") == {}
     assert bench.parse_attn_configs("16:32:4:3,64:16:8:2:5,64:32:8:4:a,64:16:8:8:2:a:p4") == [
         {"BLOCK_H": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3},

@@ -774,6 +774,20 @@ def test_stable_topk_block_max_launch_follows_the_rows():
     assert rank_block_for(64, 64) == 4
 
 
+def test_stable_topk_lists_every_override_it_reads():
+    """StableTopkLauncher.OVERRIDES (what bench_layer_batch.py --topk-over accepts) names exactly
+    the overrides the launcher reads, so a new one cannot be left out of it or an old one stay."""
+    import inspect
+    import re
+
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
+
+    source = inspect.getsource(topk_kernel)
+    read = set(re.findall(r'_overrides\.get\("(\w+)"', source)) | set(re.findall(r'_pow2\("(\w+)"', source))
+    assert "pdl_launch_args(" in source  # PDL: read by plugins/pdl.py from the same overrides
+    assert topk_kernel.StableTopkLauncher.OVERRIDES == read | {"PDL"}
+
+
 def test_stable_topk_picks_its_form_by_blocks():
     """The block-max form serves rows of at least 4k blocks (a Full layer's 128K entries, one row
     or many); rows of fewer blocks (a listed pool of 16K) take the radix form; a forced form it

@@ -186,6 +186,9 @@ class StableTopkLauncher(LauncherBase):
     ('chunk' or 'rank': which programs of the rank launch write the entries tied at T)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
+    # the override names the launcher reads (the docstring's list), for callers that check theirs
+    OVERRIDES = frozenset({"DIGITS", "CHUNK", "num_warps", "MAX_K", "RANK_BLOCK", "CMP_BLOCK", "PDL", "SKIP_IDLE",
+                           "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES"})
 
     def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
         def fits(ws):
