@@ -385,11 +385,14 @@ def test_sparse_attention_batch_form_rule():
     ({"PREFETCH": 3}, "PREFETCH 3 must be 0 or a power of two"),
     ({"PREFETCH": 1.5}, "PREFETCH 1.5 must be 0 or a power of two"),
     ({"INDEX_AHEAD": 1}, "INDEX_AHEAD 1 must be True or False")]
-    + ([({"PREFETCH": 2}, "PREFETCH 2 needs a GPU; the interpreter runs 0 only")] if interpreting() else []))
+    + ([({"PREFETCH": 2}, "PREFETCH 2 needs a GPU; the interpreter runs 0 only"),
+        ({"GLUON": True}, "GLUON needs a GPU (Gluon kernels have no interpreter form)")] if interpreting()
+       else [({"GLUON": True}, "GLUON takes 64 heads (one 64-row wgmma), got 4")]))
 def test_sparse_attention_refuses_bad_gather_options(gen, over, message):
     """A prefetch distance that is not 0 or a power of two (one load of that many blocks' ids) is
     refused before any launch, naming it, as is any distance in the interpreter, which cannot run
-    the inline PTX hint; INDEX_AHEAD takes booleans only."""
+    the inline PTX hint; INDEX_AHEAD takes booleans only. The warp-specialized form (GLUON) is
+    refused in the interpreter and for shapes it does not take."""
     args = attention_case(gen, torch.float32, 1, 2, 4, 32, 20, 5, 3)
     with pytest.raises(ValueError, match=re.escape(message)):
         attn_kernel.SparseAttentionLauncher(overrides=over)(*_dev(*args))

@@ -168,14 +168,17 @@ def test_index_score_fp4_batch_launch_is_the_one_row_launch_bit_for_bit(gen):
     assert_kernel_matches(batch, index_ref.csa2_index_score_fp4, args, {}, BF16, "index scores fp4 batch")
 
 
+@pytest.mark.parametrize("gluon", [None, False])
 @pytest.mark.parametrize("s", [1, 3, 20, 40, 64, 65, 67])
-def test_sparse_attention_flash_sizes(gen, s):
-    """Decode blocks (1, 3 rows) and the batch form: up to 64 rows 32-key blocks in 3 stages with
-    the ids loaded ahead (20 rows: 6 splits, 40: 3, 64: 2), then 64-key blocks in 2 stages (65
-    rows: 2 splits, 67: one)."""
+def test_sparse_attention_flash_sizes(gen, s, gluon):
+    """Decode blocks (1, 3 rows) and the batch form, by default the warp-specialized Gluon kernel
+    on an sm_90 GPU (tests/test_attention_gluon_gpu.py has its own cases); GLUON False: the Triton
+    batch form, up to 64 rows 32-key blocks in 3 stages with the ids loaded ahead (20 rows: 6
+    splits, 40: 3, 64: 2), then 64-key blocks in 2 stages (65 rows: 2 splits, 67: one)."""
     args = attention_inputs(gen, s)
     poison_allocator()
-    got = attn_kernel.csa2_sparse_attention(*cuda(*args))
+    over = None if gluon is None else {"GLUON": gluon}
+    got = attn_kernel.SparseAttentionLauncher(overrides=over)(*cuda(*args))
     assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, "sparse attention")
 
 

@@ -246,6 +246,12 @@ class SparseAttentionLauncher(LauncherBase):
                 f"of two (key blocks hinted ahead)")
         require(isinstance(cfg.get("INDEX_AHEAD", False), bool),
                 f"Csa2SparseAttention: INDEX_AHEAD {cfg.get('INDEX_AHEAD')!r} must be True or False")
+        if not self._overrides:  # the default; a sweep of Triton settings (any override) stays Triton
+            cfg["GLUON"] = (splits.batch_form(h, d, b * s, ieee=q.dtype == torch.float32)
+                            and _gluon_problem(q) is None)
+        if cfg.get("GLUON", False):
+            _check_gluon(q)
+            cfg |= {"BLOCK_K": gluon_block_keys()}
         if interpreting():  # the L2 hint is inline PTX, which the interpreter cannot run
             require("PREFETCH" not in self._overrides or ahead == 0,
                     f"Csa2SparseAttention: PREFETCH {ahead} needs a GPU; the interpreter runs 0 only")
@@ -260,9 +266,10 @@ class SparseAttentionLauncher(LauncherBase):
         if out.numel() == 0:
             return out
         cfg, pdl = self._config(q_BSHD)
-        head_blocks = cdiv(h, cfg["BLOCK_H"])
+        gluon = cfg.get("GLUON", False)  # all heads in one program at any row count
+        head_blocks = 1 if gluon else cdiv(h, cfg["BLOCK_H"])
         target = cdiv(2 * self._sms(q_BSHD.device), head_blocks)
-        batch = splits.batch_form(h, d, b * s, ieee=q_BSHD.dtype == torch.float32)
+        batch = gluon or splits.batch_form(h, d, b * s, ieee=q_BSHD.dtype == torch.float32)
         if n_split is None and batch and head_blocks == 1:  # all heads in one program (also in sweeps)
             n_split = splits.split_count(b * s, head_blocks, self._sms(q_BSHD.device))
         per, n_split = splits.split_plan(b * s, idx_BSK.shape[2], win_kv_BTD.shape[1], d, cfg["BLOCK_K"],
@@ -278,12 +285,44 @@ class SparseAttentionLauncher(LauncherBase):
         return out
 
 
+def _gluon_problem(q: torch.Tensor) -> str | None:
+    """Why the warp-specialized batch form (gluon_batch.py) cannot take q, or None: it takes 64
+    heads of 64..512 dims (a multiple of 64) in bf16 or fp16 on an sm_90 GPU."""
+    _, _, h, d = q.shape
+    if interpreting():
+        return "GLUON needs a GPU (Gluon kernels have no interpreter form)"
+    if h != 64:
+        return f"GLUON takes 64 heads (one 64-row wgmma), got {h}"
+    if d % 64 or not 64 <= d <= 512:
+        return f"GLUON takes head_dim 64..512 in steps of 64, got {d}"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"GLUON takes bf16 or fp16, got {q.dtype}"
+    cap = torch.cuda.get_device_capability(q.device)
+    if cap != (9, 0):
+        return f"GLUON is written for sm_90 (wgmma, setmaxnreg), this GPU is sm_{cap[0]}{cap[1]}"
+    return None
+
+
+def _check_gluon(q: torch.Tensor) -> None:
+    problem = _gluon_problem(q)
+    require(problem is None, f"Csa2SparseAttention: {problem}")
+
+
+def gluon_block_keys() -> int:
+    """Keys per block of the warp-specialized form: 64 (a 64-column logits wgmma; two 64 KB
+    stages of 512-dim rows beside Q's 64 KB)."""
+    return 64
+
+
 def _launch_attention(q, kv, idx, win, wmask, sink, scale, cfg, pdl, per, n_split, outs):
     """One launch of csa2_sparse_attention_kernel: (out, None, None) unsplit, (None, acc, ml) split."""
     b, s, h, d = q.shape
     t = win.shape[1]
     cfg = dict(cfg)
     split = outs[0] is None
+    if cfg.get("GLUON", False):
+        _launch_gluon(q, kv, idx, win, wmask, sink, scale, per, n_split, outs)
+        return
     # a split runs one key block: nothing for the software pipeline to overlap, and its
     # buffers cost time (H200 sweep at decode: 7.4 us unpipelined vs 8.7 us with 3 stages)
     stages = cfg.pop("num_stages", 1 if split and per == 1 else 3)
@@ -294,6 +333,21 @@ def _launch_attention(q, kv, idx, win, wmask, sink, scale, cfg, pdl, per, n_spli
         wmask.contiguous().view(torch.uint8), sink.contiguous(), s, kv.shape[1], t, idx.shape[2], per,
         some if out is None else out, some if acc is None else acc, some if ml is None else ml,
         H=h, D=d, SCALE=float(scale), SPLIT=split, num_stages=stages, **cfg, **pdl)
+
+
+def _launch_gluon(q, kv, idx, win, wmask, sink, scale, per, n_split, outs):
+    """One launch of gluon_batch.csa2_sparse_attention_ws_kernel (8 + 4 warps, maxnreg 168)."""
+    from dsflash.plugins.csa2_sparse_attention import gluon_batch
+
+    b, s, h, d = q.shape
+    out, acc, ml = outs
+    some = next(x for x in outs if x is not None)
+    gluon_batch.csa2_sparse_attention_ws_kernel[(b * s, 1, n_split)](
+        q.contiguous(), kv.contiguous(), idx.contiguous(), win.contiguous(),
+        wmask.contiguous().view(torch.uint8), sink.contiguous(), s, kv.shape[1], win.shape[1],
+        idx.shape[2], per, some if out is None else out, some if acc is None else acc,
+        some if ml is None else ml, H=h, D=d, SCALE=float(scale), KB=gluon_block_keys(), STAGES=2,
+        SPLIT=out is None, num_warps=8, maxnreg=gluon_batch.MAXNREG)
 
 
 def _launch_combine(q, acc, ml, sink, n_split: int, out, pdl):

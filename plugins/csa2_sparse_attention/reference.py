@@ -30,7 +30,9 @@ def csa2_sparse_attention(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_BSK: t
     lw = lw.masked_fill(~win_mask_BST.unsqueeze(2), float("-inf"))
     logits = torch.cat((lg, lw), dim=-1)
     sink = f32(sink_H).view(1, 1, -1, 1)
-    m = torch.maximum(logits.amax(-1, keepdim=True), sink).clamp_min(-1e30)
+    # a floor for the max when every logit and the sink are -inf (then p is 0, not NaN); the
+    # dtype's own lowest value, so that an fp16 run of the reference does not overflow
+    m = torch.maximum(logits.amax(-1, keepdim=True), sink).clamp_min(torch.finfo(logits.dtype).min)
     p = torch.exp(logits - m)
     p = p / (p.sum(-1, keepdim=True) + torch.exp(sink - m))
     out = torch.einsum("bshk,bskd->bshd", p[..., :k], sel)

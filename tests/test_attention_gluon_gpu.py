@@ -1,0 +1,86 @@
+"""The warp-specialized Gluon form of Csa2SparseAttention (gluon_batch.py, the launcher's GLUON
+option) on an sm_90 GPU against the reference: decode rows, the batch's splits, the unsplit
+launch, several sequences with their own entries, ragged key lists and window, ids of -1. Run by scripts/gpu_check.sh; skipped without an
+sm_90 GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gpu_inputs import attention_inputs, cuda, poison_allocator
+from kernel_checks import assert_kernel_matches
+
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")]
+
+if SM90:
+    from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
+    from dsflash.plugins.csa2_sparse_attention import reference as attn_ref
+
+BF16 = torch.bfloat16
+GLUON = {"GLUON": True}
+
+
+@pytest.mark.parametrize("s", [1, 3, 20, 64, 67, 130])
+def test_gluon_attention_flash_sizes(gen, s):
+    """1 row (10 splits of one 64-key block), 3 (splits of 4 blocks), 20 / 64 (several blocks per
+    split, the last window block ragged), 67 / 130 (one split each, every block)."""
+    args = attention_inputs(gen, s)
+    poison_allocator()
+    got = attn_kernel.SparseAttentionLauncher(overrides=GLUON)(*cuda(*args))
+    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, f"gluon attention, {s} rows")
+
+
+@pytest.mark.parametrize("s", [3, 67])
+def test_gluon_attention_unsplit(gen, s):
+    """n_split 1: the softmax partition hands the final max and sum to the accumulating one, which
+    writes the finished rows (no combine launch)."""
+    args = attention_inputs(gen, s)
+    poison_allocator()
+    got = attn_kernel.SparseAttentionLauncher(overrides=GLUON)(*cuda(*args), n_split=1)
+    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, f"gluon attention unsplit, {s}")
+
+
+@pytest.mark.parametrize("k,t,dtype", [(200, 5, BF16), (64, 0, BF16), (7, 70, torch.float16), (513, 64, BF16)])
+def test_gluon_attention_several_sequences_ragged(gen, k, t, dtype):
+    """Four sequences of two rows, each with its own entries: key lists that end inside a block
+    (200, 513, 7), a full block (64), windows of 0-70 keys; ids of -1
+    (no key) mixed in; fp16 as well as bf16."""
+    b, s, n, d = 4, 2, 3001, 512
+    q = torch.randn(b, s, 64, d, generator=gen).to(dtype)
+    kv = torch.randn(b, n, d, generator=gen).to(dtype)
+    idx = torch.randint(-1, n, (b, s, k), generator=gen)
+    win = torch.randn(b, t, d, generator=gen).to(dtype)
+    wmask = torch.rand(b, s, t, generator=gen) > 0.3
+    sink = torch.randn(64, generator=gen)
+    args = (q, kv, idx, win, wmask, sink, d ** -0.5)
+    poison_allocator()
+    got = attn_kernel.SparseAttentionLauncher(overrides=GLUON)(*cuda(*args))
+    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, dtype,
+                          f"gluon attention, {b} sequences, {k} picks, window {t}")
+
+
+def test_gluon_attention_smaller_heads_dim(gen):
+    """head_dim 256: each warpgroup's half of the accumulator is 128 columns."""
+    b, s, n, d, t = 2, 5, 900, 256, 40
+    args = (torch.randn(b, s, 64, d, generator=gen).to(BF16), torch.randn(b, n, d, generator=gen).to(BF16),
+            torch.randint(-1, n, (b, s, 300), generator=gen), torch.randn(b, t, d, generator=gen).to(BF16),
+            torch.rand(b, s, t, generator=gen) > 0.5, torch.randn(64, generator=gen), d ** -0.5)
+    poison_allocator()
+    got = attn_kernel.SparseAttentionLauncher(overrides=GLUON)(*cuda(*args))
+    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, "gluon attention, head_dim 256")
+
+
+def test_gluon_attention_refuses_other_shapes(gen):
+    q = torch.randn(1, 1, 32, 512, device="cuda", dtype=BF16)
+    kv = torch.randn(1, 10, 512, device="cuda", dtype=BF16)
+    idx = torch.zeros(1, 1, 4, dtype=torch.int64, device="cuda")
+    win = torch.randn(1, 2, 512, device="cuda", dtype=BF16)
+    wmask = torch.ones(1, 1, 2, dtype=torch.bool, device="cuda")
+    sink = torch.zeros(32, device="cuda")
+    with pytest.raises(ValueError, match="GLUON takes 64 heads"):
+        attn_kernel.SparseAttentionLauncher(overrides=GLUON)(q, kv, idx, win, wmask, sink, 0.1)
+    with pytest.raises(ValueError, match="GLUON takes bf16 or fp16"):
+        attn_kernel.SparseAttentionLauncher(overrides=GLUON)(
+            torch.randn(1, 1, 64, 512, device="cuda"), kv.float(), idx, win.float(), wmask,
+            torch.zeros(64, device="cuda"), 0.1)

@@ -1,0 +1,54 @@
+"""The warp-specialized Gluon attention (plugins/csa2_sparse_attention/gluon_batch.py) compiled
+for sm_90 on the CPU: what its GPU tests rely on, checked on any machine. Gluon kernels have no
+interpreter form, so CI cannot run it; it can check that it builds as designed. The compile runs
+in a subprocess: this session imports the kernels under the Triton interpreter, which cannot
+compile."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton.experimental.gluon", reason="needs Triton with Gluon (3.5+)")
+
+# bytes: the most shared memory one block may use on compute capability 9.0 (CUDA C++
+# Programming Guide, "Technical Specifications per Compute Capability")
+SM90_SHARED_PER_BLOCK = 232_448
+
+COMPILE = """
+import json, sys
+from dsflash.plugins.csa2_sparse_attention.gluon_batch import compile_sm90
+split, dim, dtype, out = sys.argv[1] == "1", int(sys.argv[2]), sys.argv[3], sys.argv[4]
+c = compile_sm90(split, dim, dtype)
+open(out + ".ptx", "w").write(c.asm["ptx"])
+json.dump({"num_warps": c.metadata.num_warps, "shared": c.metadata.shared}, open(out + ".json", "w"))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split,dim,dtype", [(True, 512, "bf16"), (False, 512, "bf16"), (True, 256, "fp16")])
+def test_gluon_attention_builds_as_designed(tmp_path, split, dim, dtype):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "kernel"
+    run = subprocess.run([sys.executable, "-c", COMPILE, "1" if split else "0", str(dim), dtype, str(out)],
+                         env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    meta = json.loads((tmp_path / "kernel.json").read_text())
+    ptx = (tmp_path / "kernel.ptx").read_text()
+    assert meta["num_warps"] == 12  # 8 accumulating + the softmax warpgroup
+    assert meta["shared"] <= SM90_SHARED_PER_BLOCK
+    assert ".maxnreg 168" in ptx
+    # the logits once, 64 keys wide, 16 dims a step; p V in halves of the dims per warpgroup
+    wide = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx)
+    assert wide.count("64") == dim // 16 and wide.count(str(dim // 2)) == 4
+    # every accumulating thread arrives on a stage's barrier when its copies land
+    assert "cp.async.mbarrier.arrive.noinc.shared.b64" in ptx
+    assert re.search(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], 256;", ptx)
+    # the partitions' barriers are named ones of their own warps (a CTA-wide bar.sync 0 would hang)
+    assert re.search(r"bar\.sync \t0, 256;", ptx) and re.search(r"bar\.sync \t\d+, 128;", ptx)
+    assert "st.global.v4" in ptx  # the result leaves in 16-byte vectors
