@@ -398,6 +398,28 @@ def test_sparse_attention_refuses_bad_gather_options(gen, over, message):
         attn_kernel.SparseAttentionLauncher(overrides=over)(*_dev(*args))
 
 
+@pytest.mark.parametrize("over", [None, {"GLUON": False}, {"INDEX_AHEAD": False}])
+def test_sparse_attention_launch_passes_only_kernel_parameters(gen, monkeypatch, over):
+    """Every keyword the launcher hands csa2_sparse_attention_kernel is one of its parameters or a
+    launch option: the interpreter ignores unknown keywords, a GPU launch raises on them (the
+    launcher's GLUON choice once reached the Triton launch that way)."""
+    kernel = attn_kernel.csa2_sparse_attention_kernel
+    known = set(getattr(kernel, "arg_names", None) or kernel.fn.arg_names) | {"num_warps", "num_stages"}
+    seen = []
+
+    class Checked:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(set(kwargs) - known)
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(attn_kernel, "csa2_sparse_attention_kernel", Checked())
+    args = attention_case(gen, torch.float32, 1, 20, 64, 32, 50, 9, 7)  # 20 rows: the batch form's rows
+    attn_kernel.SparseAttentionLauncher(overrides=over)(*_dev(*args))
+    assert seen and not any(seen), f"unknown launch keywords {seen}"
+
+
 def test_is_pow2_takes_int_powers_of_two_and_zero_only_where_asked():
     """The launchers' check of size overrides (tl.arange's sizes)."""
     from dsflash.plugins.launch import is_pow2

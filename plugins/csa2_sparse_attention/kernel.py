@@ -320,7 +320,7 @@ def _launch_attention(q, kv, idx, win, wmask, sink, scale, cfg, pdl, per, n_spli
     t = win.shape[1]
     cfg = dict(cfg)
     split = outs[0] is None
-    if cfg.get("GLUON", False):
+    if cfg.pop("GLUON", False):
         _launch_gluon(q, kv, idx, win, wmask, sink, scale, per, n_split, outs)
         return
     # a split runs one key block: nothing for the software pipeline to overlap, and its
