@@ -8,7 +8,7 @@ patterns of picks, so the gather's share can be told from the products' and soft
 - `one_entry`: every pick the same entry (each program re-reads one 1 KB row: no memory cost);
 - `none`: no picks (-1), the window only (a fifth of the keys).
 
-    python3 scripts/attention_ablation.py --rows 1,64 [--attn-over KEY=VALUE,...] [--out DIR]
+    python3 scripts/attention_ablation.py --rows 1,64 [--attn-over KEY=VALUE,...] [--splits 1,2] [--out DIR]
 
 Times are medians of warm CUDA-graph replays (triton.testing.do_bench_cudagraph: no host
 launch cost); the random case is the one a
@@ -57,7 +57,7 @@ def parse_over(text: str) -> dict:
     return out
 
 
-def run(rows: int, n: int, over: dict, gen) -> dict:
+def run(rows: int, n: int, over: dict, gen, n_split: int | None = None) -> dict:
     def randn(*shape, dtype=bench.BF16):
         return torch.randn(*shape, generator=gen, device="cuda", dtype=dtype)
 
@@ -70,7 +70,8 @@ def run(rows: int, n: int, over: dict, gen) -> dict:
     for pattern in PATTERNS:
         idx = picks(pattern, rows, n, gen)
         out[pattern] = 1e3 * bench.time_ms(
-            lambda idx=idx: launcher(q, kv, idx, win, wmask, sink, bench.HEAD_DIM ** -0.5), graph=True)
+            lambda idx=idx: launcher(q, kv, idx, win, wmask, sink, bench.HEAD_DIM ** -0.5, n_split=n_split),
+            graph=True)
     return out
 
 
@@ -79,16 +80,20 @@ def main() -> None:
     ap.add_argument("--rows", default="1,64", help="query rows per launch, comma-separated")
     ap.add_argument("--entries", type=int, default=131072, help="entries per row")
     ap.add_argument("--attn-over", default="", help="launcher overrides KEY=VALUE,...")
+    ap.add_argument("--splits", default="", help="key splits per row to time, comma-separated (default: "
+                    "the launcher's choice)")
     ap.add_argument("--out", type=Path, help="folder for attention_ablation.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     gen = torch.Generator(device="cuda").manual_seed(0)
     over = parse_over(args.attn_over)
     res = {"device": torch.cuda.get_device_name(), "entries": args.entries, "over": over, "rows": {}}
-    log.info("%6s %10s %12s %11s %8s  (us)", "rows", *PATTERNS)
+    log.info("%6s %6s %10s %12s %11s %8s  (us)", "rows", "splits", *PATTERNS)
     for rows in (int(r) for r in args.rows.split(",")):
-        res["rows"][rows] = t = run(rows, args.entries, over, gen)
-        log.info("%6d %10.1f %12.1f %11.1f %8.1f", rows, *(t[p] for p in PATTERNS))
+        for n_split in [int(x) for x in args.splits.split(",") if x] or [None]:
+            t = run(rows, args.entries, over, gen, n_split)
+            res["rows"][f"{rows}" if n_split is None else f"{rows}x{n_split}"] = t
+            log.info("%6d %6s %10.1f %12.1f %11.1f %8.1f", rows, n_split or "auto", *(t[p] for p in PATTERNS))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "attention_ablation.json").write_text(json.dumps(res, indent=1))

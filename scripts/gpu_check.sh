@@ -8,7 +8,8 @@
 #       [--quick] [--sweep]
 # (--tests-only: the tests and the AOT compile; since session 24 (2026-12-04) that passes 10 minutes
 # (a 560 s limit stopped its pytest after 219 of ~290 tests), so on the device run it as two calls:
-# --kernel-tests (tests/test_kernels.py, test_kernels_gpu.py, test_qat_kernel.py) and --other-tests
+# --kernel-tests (tests/test_kernels.py, test_kernels_gpu.py, test_qat_kernel.py,
+# test_attention_gluon_gpu.py) and --other-tests
 # (test_runtime_gpu.py, test_compiled_step.py, test_aot_gpu.py, test_ort_cuda.py, the AOT compile);
 # --bench-only: the kernel benchmarks;
 # --decode-only: the whole-step benchmark (bench_decode.py --profile). On a fresh H200 the tests
@@ -37,6 +38,7 @@ run_tests=1
 bench=1
 decode=1
 kernel_files="tests/test_kernels.py tests/test_kernels_gpu.py tests/test_qat_kernel.py"
+kernel_files="$kernel_files tests/test_attention_gluon_gpu.py"
 # the quick files first: on a fresh machine (cold inductor caches) the runtime and compiled-step
 # files take minutes of compiles (session 30, an H100: tests/test_runtime_gpu.py ran 7 minutes
 # without finishing its tuned-compile test), so a time limit should stop those, not the AOT tests

@@ -1,7 +1,7 @@
 """The warp-specialized Gluon form of Csa2SparseAttention (gluon_batch.py, the launcher's GLUON
-option) on an sm_90 GPU against the reference: decode rows, the batch's splits, the unsplit
-launch, several sequences with their own entries, ragged key lists and window, ids of -1. Run by scripts/gpu_check.sh; skipped without an
-sm_90 GPU."""
+option, its default for the batch form on sm_90) against the reference: decode rows, the batch's
+splits, the unsplit launch, several sequences with their own entries, ragged key lists and
+window, ids of -1, a CUDA-graph replay. Run by scripts/gpu_check.sh; skipped without an sm_90 GPU."""
 
 from __future__ import annotations
 
@@ -38,10 +38,11 @@ def test_gluon_attention_unsplit(gen, s):
     args = attention_inputs(gen, s)
     poison_allocator()
     got = attn_kernel.SparseAttentionLauncher(overrides=GLUON)(*cuda(*args), n_split=1)
-    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, f"gluon attention unsplit, {s}")
+    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, f"gluon unsplit, {s} rows")
 
 
-@pytest.mark.parametrize("k,t,dtype", [(200, 5, BF16), (64, 0, BF16), (7, 70, torch.float16), (513, 64, BF16)])
+@pytest.mark.parametrize("k,t,dtype", [(200, 5, BF16), (64, 0, BF16), (7, 70, torch.float16),
+                                       (513, 64, BF16)])
 def test_gluon_attention_several_sequences_ragged(gen, k, t, dtype):
     """Four sequences of two rows, each with its own entries: key lists that end inside a block
     (200, 513, 7), a full block (64), windows of 0-70 keys; ids of -1
@@ -68,7 +69,7 @@ def test_gluon_attention_smaller_heads_dim(gen):
             torch.rand(b, s, t, generator=gen) > 0.5, torch.randn(64, generator=gen), d ** -0.5)
     poison_allocator()
     got = attn_kernel.SparseAttentionLauncher(overrides=GLUON)(*cuda(*args))
-    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, "gluon attention, head_dim 256")
+    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, "gluon, head_dim 256")
 
 
 def test_gluon_attention_refuses_other_shapes(gen):
@@ -84,3 +85,23 @@ def test_gluon_attention_refuses_other_shapes(gen):
         attn_kernel.SparseAttentionLauncher(overrides=GLUON)(
             torch.randn(1, 1, 64, 512, device="cuda"), kv.float(), idx, win.float(), wmask,
             torch.zeros(64, device="cuda"), 0.1)
+
+
+def test_gluon_attention_under_graph_replay(gen):
+    """Captured once in a CUDA graph (as the runtime captures a decode step) at 64 rows (two
+    splits, then the combine launch), replayed over fresh inputs copied into the captured
+    tensors: each replay matches the reference for its inputs."""
+    args = cuda(*attention_inputs(gen, 64))
+    launcher = attn_kernel.SparseAttentionLauncher()
+    launcher(*args)  # compile and allocate the workspace outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = launcher(*args)
+    for _ in range(2):
+        fresh = attention_inputs(gen, 64)
+        for dst, src in zip(args[:6], fresh[:6], strict=True):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_kernel_matches(out.clone(), attn_ref.csa2_sparse_attention, fresh, {}, BF16, "gluon replay")
