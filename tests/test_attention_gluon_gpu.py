@@ -23,8 +23,9 @@ GLUON = {"GLUON": True}
 
 @pytest.mark.parametrize("s", [1, 3, 20, 64, 67, 130])
 def test_gluon_attention_flash_sizes(gen, s):
-    """1 row (10 splits of one 64-key block), 3 (splits of 4 blocks), 20 / 64 (several blocks per
-    split, the last window block ragged), 67 / 130 (one split each, every block)."""
+    """1 and 3 rows (ten splits of one 64-key block: GLUON forced where the decode blocks are the
+    default), 20 (3 splits of up to 4 blocks, the last window block ragged), 64 / 67 / 130 (one
+    split: every block, the finished rows written by the kernel)."""
     args = attention_inputs(gen, s)
     poison_allocator()
     got = attn_kernel.SparseAttentionLauncher(overrides=GLUON)(*cuda(*args))
@@ -88,10 +89,10 @@ def test_gluon_attention_refuses_other_shapes(gen):
 
 
 def test_gluon_attention_under_graph_replay(gen):
-    """Captured once in a CUDA graph (as the runtime captures a decode step) at 64 rows (two
+    """Captured once in a CUDA graph (as the runtime captures a decode step) at 32 rows (two
     splits, then the combine launch), replayed over fresh inputs copied into the captured
     tensors: each replay matches the reference for its inputs."""
-    args = cuda(*attention_inputs(gen, 64))
+    args = cuda(*attention_inputs(gen, 32))
     launcher = attn_kernel.SparseAttentionLauncher()
     launcher(*args)  # compile and allocate the workspace outside the capture
     torch.cuda.synchronize()
@@ -99,7 +100,7 @@ def test_gluon_attention_under_graph_replay(gen):
     with torch.cuda.graph(graph):
         out = launcher(*args)
     for _ in range(2):
-        fresh = attention_inputs(gen, 64)
+        fresh = attention_inputs(gen, 32)
         for dst, src in zip(args[:6], fresh[:6], strict=True):
             dst.copy_(src)
         graph.replay()

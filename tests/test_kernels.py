@@ -378,6 +378,8 @@ def test_sparse_attention_batch_form_rule():
     assert attn_splits.launch_config(64, 128, False, rows=64)["BLOCK_H"] == 64  # narrow heads: as before
     assert attn_splits.launch_config(64, 128, False, rows=64)["num_warps"] == 4
     assert [attn_splits.split_count(r, 1, 132) for r in (16, 32, 40, 64, 66, 67, 200)] == [8, 4, 3, 2, 2, 1, 1]
+    # the Gluon form: about one program per two SMs (its measured best at 16-128 rows)
+    assert [attn_splits.gluon_split_count(r, 132) for r in (16, 20, 32, 40, 64, 128)] == [4, 3, 2, 1, 1, 1]
 
 
 @pytest.mark.parametrize("over,message", [

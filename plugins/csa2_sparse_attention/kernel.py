@@ -270,7 +270,9 @@ class SparseAttentionLauncher(LauncherBase):
         head_blocks = 1 if gluon else cdiv(h, cfg["BLOCK_H"])
         target = cdiv(2 * self._sms(q_BSHD.device), head_blocks)
         batch = gluon or splits.batch_form(h, d, b * s, ieee=q_BSHD.dtype == torch.float32)
-        if n_split is None and batch and head_blocks == 1:  # all heads in one program (also in sweeps)
+        if n_split is None and gluon:
+            n_split = splits.gluon_split_count(b * s, self._sms(q_BSHD.device))
+        elif n_split is None and batch and head_blocks == 1:  # all heads in one program (also in sweeps)
             n_split = splits.split_count(b * s, head_blocks, self._sms(q_BSHD.device))
         per, n_split = splits.split_plan(b * s, idx_BSK.shape[2], win_kv_BTD.shape[1], d, cfg["BLOCK_K"],
                                          target, n_split)

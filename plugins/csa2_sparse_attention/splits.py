@@ -18,8 +18,8 @@ from dsflash.plugins.launch import next_pow2
 from dsflash.plugins.sizes import H200_SMS, TORCH_SIZES, SizeOps, trt_sizes
 
 __all__ = ["AHEAD_ROWS", "BATCH_ROWS", "H200_SMS", "TORCH_SIZES", "SizeOps", "batch_form",
-           "default_split_target", "export_attrs", "key_blocks", "launch_config", "max_splits", "split_count",
-           "split_plan", "trt_sizes"]
+           "default_split_target", "export_attrs", "gluon_split_count", "key_blocks", "launch_config",
+           "max_splits", "split_count", "split_plan", "trt_sizes"]
 
 BATCH_ROWS = 16  # query rows from which wide heads take the batch form (batch_form)
 AHEAD_ROWS = 64  # ... up to which it gathers 32-key blocks with the ids a step ahead; above, 64-key blocks
@@ -73,6 +73,18 @@ def split_count(rows: int, head_blocks: int, sms: int = H200_SMS) -> int:
     cost more than the splits saved (64 rows, 32-key blocks: 2 splits 51.9 us, 4 splits 60.5;
     128 rows, 64-key blocks: 1 split 62.2 us, 2 splits 84.4)."""
     return max(1, sms // (rows * head_blocks))
+
+
+def gluon_split_count(rows: int, sms: int = H200_SMS) -> int:
+    """Key splits per row for the warp-specialized Gluon form (gluon_batch.py): about one program
+    per two SMs, at least one split. Its programs pay a fixed start (ids, the first gathers and
+    logits before the first product) and end (the result out through shared memory), and a split
+    adds the combine launch and the fp32 partials' traffic, so fewer, longer programs win even
+    with half the SMs idle: H100, 128K, random picks (attention_ablation.py --splits,
+    2026-12-05), us for 1 / 2 / 3 / 4 / 8 splits: 16 rows 27.1 / 20.6 / 19.0 / 17.3 / 17.6,
+    32 rows 27.8 / 22.2 / 23.0 / 24.6 / 34.7, 64 rows 28.7 / 36.9 / 46.7 / 51.6 / 61.7, 128 rows
+    42.7 / 73.4 / 88.7 / 104.0 / 118.9."""
+    return max(1, sms // 2 // rows)
 
 
 def max_splits(dim: int) -> int:
