@@ -89,15 +89,18 @@ def with_defaults(fn, constexprs: dict) -> dict:
 
 
 def compile_kernel(kernel, signature: dict, constexprs: dict, num_warps: int, arch: int = 90,
-                   num_stages: int | None = None, divisible_by_16: tuple = ()):
+                   num_stages: int | None = None, divisible_by_16: tuple = (), maxnreg: int | None = None):
     """Triton's compiled kernel (its PTX, TTGIR and metadata) for `arch` (sm_90 by default) of
     `kernel` with `signature` (name -> Triton type, in the kernel's parameter order) and the
     compile-time constants; num_stages None: Triton's default. divisible_by_16 names the
     parameters to specialise as the JIT does for aligned pointers and sizes that are multiples
-    of 16 (what decides 16-byte vector loads and copies)."""
+    of 16 (what decides 16-byte vector loads and copies). Gluon kernels (gluon.jit) compile from
+    their own source class; maxnreg caps the registers per thread (a warp-specialized kernel's
+    budget, written into the PTX as .maxnreg)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = jit_function(kernel)
     constexprs = with_defaults(fn, constexprs)
@@ -106,13 +109,16 @@ def compile_kernel(kernel, signature: dict, constexprs: dict, num_warps: int, ar
         raise ValueError(f"{fn.__name__}: no type or constant for {missing}")
     sig = {a: ("constexpr" if a in constexprs else signature[a]) for a in fn.arg_names}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in divisible_by_16}
-    src = ASTSource(fn=fn, signature=sig, constexprs={a: constexprs[a] for a in constexprs}, attrs=attrs)
-    options = {"num_warps": num_warps} | ({} if num_stages is None else {"num_stages": num_stages})
+    source = GluonASTSource if fn.is_gluon() else ASTSource
+    src = source(fn=fn, signature=sig, constexprs={a: constexprs[a] for a in constexprs}, attrs=attrs)
+    options = {"num_warps": num_warps} | ({} if num_stages is None else {"num_stages": num_stages}) \
+        | ({} if maxnreg is None else {"maxnreg": maxnreg})
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def compile_ptx(kernel, signature: dict, constexprs: dict, num_warps: int, arch: int = 90,
-                num_stages: int | None = None, aligned: bool = False) -> AotKernel:
+                num_stages: int | None = None, aligned: bool = False,
+                maxnreg: int | None = None) -> AotKernel:
     """PTX for `arch` (sm_90 by default) of `kernel` with `signature` (name -> Triton type, in the
     kernel's parameter order), the compile-time constants and the launch config's pipeline depth
     (None: Triton's default). aligned: every pointer is taken as 16-byte aligned, as Triton's JIT
@@ -122,7 +128,7 @@ def compile_ptx(kernel, signature: dict, constexprs: dict, num_warps: int, arch:
     constexprs = with_defaults(fn, constexprs)
     pointers = tuple(a for a, t in signature.items() if t.startswith("*")) if aligned else ()
     compiled = compile_kernel(kernel, signature, constexprs, num_warps, arch, num_stages=num_stages,
-                              divisible_by_16=pointers)
+                              divisible_by_16=pointers, maxnreg=maxnreg)
     ptx = compiled.asm["ptx"]
     entry = ptx.split(".entry", 1)[1].split(")", 1)[0]
     return AotKernel(name=compiled.metadata.name, ptx=ptx, num_warps=compiled.metadata.num_warps,

@@ -116,7 +116,7 @@ assert clustered.kernel.ptx.count("barrier.cluster.arrive.release") == 2
 assert mhc_trt.tactics(4, 5120, bf16) == [1, 2, 3] and mhc_trt.tactics(4, 64, bf16) == [1, 2]
 with pytest.raises(ValueError, match="hidden 64 is too narrow for clusters of 8 CTAs"):
     mhc_trt.aot_launch((1, 1, 4, 64), bf16, 20, 1e-6, 1e-6, tactic=3)
-assert attn_trt.tactics(bf16, 64, 512) == [1, 2, 3] and attn_trt.tactics(bf16, 8, 64) == [1]
+assert attn_trt.tactics(bf16, 64, 512) == [1, 2, 3, 4] and attn_trt.tactics(bf16, 8, 64) == [1]
 assert attn_trt.tactics(torch.float32, 64, 512) == [1, 2] and attn_trt.tactics(bf16, 40, 512) == [1, 2]
 wide = attn_trt.aot_launch((1, 2, 64, 512), (1, 5000, 512), (1, 2, 512), (1, 130, 512), bf16, 0.04, tactic=2)
 assert wide.kernel.num_warps == 8 and wide.extra[4] == 8 + 3, wide
@@ -125,6 +125,14 @@ batch = attn_trt.aot_launch((2, 40, 64, 512), (2, 5000, 512), (2, 40, 512), (2, 
                             tactic=3)
 assert batch.grid == (80, 1, 1) and batch.kernel.num_warps == 8 and batch.extra[4] == 8 + 3, batch
 assert "wgmma" in batch.kernel.ptx and 128 * 1024 < batch.kernel.shared_mem <= 227 * 1024, batch.kernel
+# the Gluon kernel unsplit: 12 warps, its register cap in the PTX, 64-key blocks (5 + 3 of them)
+glu = attn_trt.aot_launch((2, 40, 64, 512), (2, 5000, 512), (2, 40, 300), (2, 168, 512), bf16, 0.04,
+                          tactic=4)
+assert glu.grid == (80, 1, 1) and glu.extra == (40, 5000, 168, 300, 5 + 3), glu
+assert glu.kernel.num_warps == 12 and glu.kernel.declared == 12, glu.kernel
+assert ".maxnreg 168" in glu.kernel.ptx
+assert glu.kernel.shared_mem <= 227 * 1024 and glu.kernel.global_scratch == 0, glu.kernel
+assert attn_trt.tactics(bf16, 64, 320) == [1, 2, 3, 4] and attn_trt.tactics(bf16, 64, 288) == [1, 2, 3]
 with pytest.raises(ValueError, match="tactic 2 is not one of \\[1\\] for 8 heads of head_dim 64"):
     attn_trt.aot_launch((1, 2, 8, 64), (1, 50, 64), (1, 2, 16), (1, 10, 64), bf16, 0.1, tactic=2)
 with pytest.raises(ValueError, match="not one of \\[1, 2\\] for 64 heads of head_dim 512 in torch.float32"):

@@ -22,7 +22,8 @@ So the logits of block i + 1 run while p V of block i does, and the gathers over
 third, producer partition does not fit: ptxas allocates every partition within the kernel's
 register limit, and 16 warps at the 154 registers the accumulator's wgmma needs exceed the SM's
 64K. No interpreter form: Gluon kernels compile for the GPU only; the Triton kernel stays the
-launch on the CPU, for other shapes and for fp32.
+launch on the CPU, for other shapes and for fp32. TensorRT gets it as the attention plugin's
+GLUON tactic (trt.py, unsplit; compile_sm90 below builds the same PTX offline).
 """
 
 from __future__ import annotations
@@ -270,20 +271,16 @@ def compile_sm90(split: bool, dim: int = 512, dtype: str = "bf16", block_keys: i
     """The kernel compiled for sm_90 without a GPU, as the JIT launch builds it (64 heads, int64
     ids, 16-byte aligned pointers): Triton's compiled kernel, with its PTX and metadata (shared
     memory, warps), for checks of the build on any machine."""
-    from triton import compile as triton_compile
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from dsflash.plugins.aot import compile_kernel
 
-    fn = csa2_sparse_attention_ws_kernel
     types = {"q_ptr": f"*{dtype}", "kv_ptr": f"*{dtype}", "idx_ptr": "*i64", "win_ptr": f"*{dtype}",
              "wmask_ptr": "*u8", "sink_ptr": "*fp32", "S": "i32", "N": "i32", "T": "i32", "K": "i32",
              "blocks_per_split": "i32", "out_ptr": f"*{dtype}", "acc_ptr": "*fp32", "ml_ptr": "*fp32"}
     consts = {"H": 64, "D": dim, "SCALE": dim ** -0.5, "KB": block_keys, "STAGES": stages, "SPLIT": split,
               "num_warps": 8}
-    signature = {a: "constexpr" if a in consts else types[a] for a in fn.arg_names}
-    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in types.items() if t[0] == "*"}
-    source = GluonASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
-    return triton_compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "maxnreg": MAXNREG})
+    pointers = tuple(a for a, t in types.items() if t.startswith("*"))
+    return compile_kernel(csa2_sparse_attention_ws_kernel, types, consts, 8, divisible_by_16=pointers,
+                          maxnreg=MAXNREG)
 
 
 __all__ = ["MAXNREG", "SOFTMAX_REGS", "SOFTMAX_WARPS", "compile_sm90", "csa2_sparse_attention_ws_kernel"]

@@ -3,9 +3,10 @@ compiles kernel.py's Triton kernel to PTX for sm_90 with its launch parameters (
 Triton is installed); `register()` adds the plugin where TensorRT imports. The softmax scale is
 baked into the PTX. AOT plugins get no workspace, so the plugin runs the unsplit path (one
 program per query row and head block), with tactics TensorRT times per profile: the JIT
-launch's decode blocks, larger key blocks with more warps for decode, and all 64 heads in one
-program for many rows (tactic_overrides). Graphs of many rows (encoder_prefill) use it;
-decoder_step graphs the split form (trt_split.py)."""
+launch's decode blocks, larger key blocks with more warps for decode, all 64 heads in one
+program for many rows (tactic_overrides), and the warp-specialized Gluon kernel (gluon_batch.py)
+for the same. Graphs of many rows (encoder_prefill) use it; decoder_step graphs the split form
+(trt_split.py)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,10 @@ def aot_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float,
                idx_dtype: torch.dtype = torch.int64, aligned: bool = True,
                overrides: dict | None = None) -> tuple[AotKernel, dict]:
     """(compiled kernel, launch: BLOCK_H for the grid (B*S, cdiv(H, BLOCK_H))); `overrides`
-    replaces launch_config entries and num_stages (tactics, sweeps)."""
+    replaces launch_config entries and num_stages (tactics, sweeps); GLUON True compiles the
+    warp-specialized Gluon kernel instead (gluon_batch.py, unsplit, 64-key blocks)."""
+    if (overrides or {}).get("GLUON", False):
+        return gluon_aot_kernel(dtype, heads, dim, scale, idx_dtype, aligned)
     cfg = kernel.launch_config(heads, dim, dtype) | dict(overrides or {})
     # TensorRT passes the inputs, the extra ints and the output, nothing else: the partials'
     # pointers of the split form become constant None, so the PTX does not declare them
@@ -41,7 +45,23 @@ def aot_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float,
                        num_stages=cfg.get("num_stages"), aligned=aligned), cfg
 
 
-ROWS, DECODE, BATCH = 1, 2, 3  # tactic ids (TensorRT wants positive integers)
+def gluon_aot_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float,
+                     idx_dtype: torch.dtype = torch.int64, aligned: bool = True) -> tuple[AotKernel, dict]:
+    """The Gluon kernel unsplit for TensorRT (GLUON tactic): 12 warps, the kernel's register cap
+    in the PTX (.maxnreg), 214 KB of shared memory; the partials' pointers constant None as in
+    aot_kernel. sm_90 only (wgmma, setmaxnreg): TensorRT times it on the GPU it builds for."""
+    from dsflash.plugins.csa2_sparse_attention import gluon_batch
+
+    sig = {k: v for k, v in kernel_signature(dtype, idx_dtype).items() if k not in ("acc_ptr", "ml_ptr")}
+    keys = kernel.gluon_block_keys()
+    consts = dict(H=heads, D=dim, SCALE=float(scale), KB=keys, STAGES=2, SPLIT=False, acc_ptr=None,
+                  ml_ptr=None, num_warps=8)
+    compiled = compile_ptx(gluon_batch.csa2_sparse_attention_ws_kernel, sig, consts, 8, aligned=aligned,
+                           maxnreg=gluon_batch.MAXNREG)
+    return compiled, {"BLOCK_H": heads, "BLOCK_K": keys, "GLUON": True}
+
+
+ROWS, DECODE, BATCH, GLUON = 1, 2, 3, 4  # tactic ids (TensorRT wants positive integers)
 
 
 def tactic_overrides(tactic: int, dtype: torch.dtype, heads: int, dim: int) -> dict:
@@ -58,6 +78,8 @@ def tactic_overrides(tactic: int, dtype: torch.dtype, heads: int, dim: int) -> d
     if tactic not in tactics(dtype, heads, dim):
         raise ValueError(f"Csa2SparseAttention: tactic {tactic} is not one of {tactics(dtype, heads, dim)} "
                          f"for {heads} heads of head_dim {dim} in {dtype}")
+    if tactic == GLUON:
+        return {"GLUON": True}
     if tactic == BATCH:
         # the many-rows blocks: the plugin runs unsplit, one program per row, as the JIT launch
         # does above AHEAD_ROWS, where 64-key blocks in 2 stages were fastest
@@ -68,11 +90,13 @@ def tactic_overrides(tactic: int, dtype: torch.dtype, heads: int, dim: int) -> d
 
 def tactics(dtype: torch.dtype, heads: int, dim: int) -> list[int]:
     """The tactics for these heads: DECODE changes the blocks of wide heads only; BATCH needs
-    16-bit operands (splits.batch_form)."""
+    16-bit operands (splits.batch_form); GLUON too, and 64 heads of 64..512 dims in steps of 64
+    (gluon_batch.py, unsplit: the JIT launch's choice from 64 rows)."""
     if next_pow2(dim, 16) < 256:
         return [ROWS]
     batch = dtype in HALF_FLOATS and splits.batch_form(heads, dim, splits.BATCH_ROWS, ieee=False)
-    return [ROWS, DECODE, BATCH] if batch else [ROWS, DECODE]
+    gluon = batch and heads == 64 and dim % 64 == 0 and dim <= 512
+    return [ROWS, DECODE, BATCH] + ([GLUON] if gluon else []) if batch else [ROWS, DECODE]
 
 
 def aot_launch(q_shape, kv_shape, idx_shape, win_shape, dtype: torch.dtype, scale: float,
