@@ -63,7 +63,7 @@ def _block_keys(j, row, N, T, K, sel_blocks, idx_ptr, wmask_ptr, KB: gl.constexp
 
 @gluon.constexpr_function
 def _copy_layout(warps):
-    """16-byte vectors, a warp over 4 rows x 64 columns: one copy of 64 columns per step."""
+    """The gathers' layout: 16-byte vectors, a warp over 4 rows x 64 columns per repetition."""
     return gl.BlockedLayout([1, 8], [4, 8], [warps, 1], [1, 0])
 
 
@@ -71,7 +71,8 @@ def _copy_layout(warps):
 def _gather_keys(j, row, b, N, T, K, sel_blocks, kv_ptr, idx_ptr, win_ptr, wmask_ptr, D: gl.constexpr,
                  KB: gl.constexpr, WARPS: gl.constexpr):
     """The row addresses of key block j (selected entries, or window keys) and which rows are
-    real keys, for _gather: loaded a block ahead so that their latency hides behind a wait."""
+    real keys, for _gather; loaded at the top of a step, before the copy that uses them, so that
+    the ids' latency hides behind the step's waits and product."""
     rows_l: gl.constexpr = gl.SliceLayout(1, _copy_layout(WARPS))
     sel, t, valid = _block_keys(j, row, N, T, K, sel_blocks, idx_ptr, wmask_ptr, KB, rows_l)
     src = gl.where(j < sel_blocks, kv_ptr + (b * N + sel) * D, win_ptr + (b * T + t) * D)
