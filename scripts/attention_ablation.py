@@ -24,6 +24,7 @@ from pathlib import Path
 
 import bench_kernels as bench
 import torch
+from bench_layer_batch import parse_overrides
 
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
 
@@ -44,17 +45,6 @@ def picks(pattern: str, rows: int, n: int, gen) -> torch.Tensor:
     if pattern == "none":
         return torch.full(shape, -1, dtype=torch.int64, device="cuda")
     raise ValueError(f"unknown pattern {pattern!r}; one of {PATTERNS}")
-
-
-def parse_over(text: str) -> dict:
-    """KEY=VALUE,... -> launcher overrides (ints, or True/False)."""
-    out = {}
-    for item in filter(None, text.split(",")):
-        key, _, value = item.partition("=")
-        out[key] = {"True": True, "False": False}.get(value, None)
-        if out[key] is None:
-            out[key] = int(value)
-    return out
 
 
 def run(rows: int, n: int, over: dict, gen, n_split: int | None = None) -> dict:
@@ -85,8 +75,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="folder for attention_ablation.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        over = parse_overrides(args.attn_over, attn_kernel.SparseAttentionLauncher.OVERRIDES, "--attn-over",
+                               "sparse attention")
+    except ValueError as err:
+        ap.error(str(err))
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU")
     gen = torch.Generator(device="cuda").manual_seed(0)
-    over = parse_over(args.attn_over)
     res = {"device": torch.cuda.get_device_name(), "entries": args.entries, "over": over, "rows": {}}
     log.info("%6s %6s %10s %12s %11s %8s  (us)", "rows", "splits", *PATTERNS)
     for rows in (int(r) for r in args.rows.split(",")):

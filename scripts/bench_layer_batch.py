@@ -258,18 +258,19 @@ def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = ()
     return out
 
 
-def parse_overrides(text: str) -> dict:
-    """'KEY=VALUE,...' of --topk-over as a dict (digit strings as ints, True / False as booleans),
-    or a ValueError naming the entry; KEY must be one the top-k launcher reads (an unknown one
-    would be ignored, and the table would claim a setting it did not run)."""
+def parse_overrides(text: str, known: frozenset = StableTopkLauncher.OVERRIDES, option: str = "--topk-over",
+                    what: str = "top-k") -> dict:
+    """'KEY=VALUE,...' of a launcher-override option (--topk-over here; attention_ablation.py's
+    --attn-over) as a dict (digit strings as ints, True / False as booleans), or a ValueError
+    naming the entry; KEY must be one the launcher reads (`known`: an unknown one would be
+    ignored, and the table would claim a setting it did not run)."""
     out = {}
     for item in filter(None, text.split(",")):
         key, sep, value = item.partition("=")
         if not sep or not value:
-            raise ValueError(f"--topk-over: {item!r} is not KEY=VALUE (e.g. TIES=chunk)")
-        if key not in StableTopkLauncher.OVERRIDES:
-            raise ValueError(f"--topk-over: {key!r} is not a top-k override "
-                             f"(one of {sorted(StableTopkLauncher.OVERRIDES)})")
+            raise ValueError(f"{option}: {item!r} is not KEY=VALUE")
+        if key not in known:
+            raise ValueError(f"{option}: {key!r} is not a {what} override (one of {sorted(known)})")
         out[key] = int(value) if value.isdigit() else {"True": True, "False": False}.get(value, value)
     return out
 
@@ -525,8 +526,8 @@ def main() -> None:
                     help="sweep the block-max form's rank launch: the ties at T in programs of their own "
                     "or in the rank programs")
     ap.add_argument("--topk-over", default="",
-                    help="time the layers with these top-k launcher overrides (KEY=VALUE,..., e.g. COLLECT=chunk; "
-                    "integers as integers)")
+                    help="time the layers with these top-k launcher overrides (KEY=VALUE,..., "
+                    "e.g. COLLECT=chunk; integers as integers)")
     ap.add_argument("--fp4-configs", default="", help="sweep the FP4 index kernel's launch "
                     "(BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS],...) instead of timing the layers")
     ap.add_argument("--attn-configs", default="", help="sweep the sparse attention's launch "
@@ -568,8 +569,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     bw = ceilings(quick=True)["copy_GBps"]
     res = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "torch": torch.__version__, "triton": triton.__version__, "bw_GBps": bw, "topk_overrides": topk_over,
-           "cases": []}
+           "torch": torch.__version__, "triton": triton.__version__, "bw_GBps": bw,
+           "topk_overrides": topk_over, "cases": []}
     gen = torch.Generator(device="cuda").manual_seed(0)
     topk_blocks = [int(b) for b in filter(None, args.topk_blocks.split(","))]
     topk_ranks = [int(r) for r in filter(None, args.topk_ranks.split(","))]

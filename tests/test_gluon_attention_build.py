@@ -22,8 +22,9 @@ SM90_SHARED_PER_BLOCK = 232_448
 
 COMPILE = """
 import json, sys
+import torch
 from dsflash.plugins.csa2_sparse_attention.gluon_batch import compile_sm90
-split, dim, dtype, out = sys.argv[1] == "1", int(sys.argv[2]), sys.argv[3], sys.argv[4]
+split, dim, dtype, out = sys.argv[1] == "1", int(sys.argv[2]), getattr(torch, sys.argv[3]), sys.argv[4]
 c = compile_sm90(split, dim, dtype)
 open(out + ".ptx", "w").write(c.asm["ptx"])
 json.dump({"num_warps": c.metadata.num_warps, "shared": c.metadata.shared}, open(out + ".json", "w"))
@@ -31,7 +32,8 @@ json.dump({"num_warps": c.metadata.num_warps, "shared": c.metadata.shared}, open
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("split,dim,dtype", [(True, 512, "bf16"), (False, 512, "bf16"), (True, 256, "fp16")])
+@pytest.mark.parametrize("split,dim,dtype", [(True, 512, "bfloat16"), (False, 512, "bfloat16"),
+                                             (True, 256, "float16")])
 def test_gluon_attention_builds_as_designed(tmp_path, split, dim, dtype):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "kernel"

@@ -406,7 +406,8 @@ def test_sparse_attention_launch_passes_only_kernel_parameters(gen, monkeypatch,
     launch option: the interpreter ignores unknown keywords, a GPU launch raises on them (the
     launcher's GLUON choice once reached the Triton launch that way)."""
     kernel = attn_kernel.csa2_sparse_attention_kernel
-    known = set(getattr(kernel, "arg_names", None) or kernel.fn.arg_names) | {"num_warps", "num_stages"}
+    known = set(getattr(kernel, "arg_names", None) or kernel.fn.arg_names) | {"num_warps", "num_stages",
+                                                                                "launch_pdl"}
     seen = []
 
     class Checked:
@@ -420,6 +421,20 @@ def test_sparse_attention_launch_passes_only_kernel_parameters(gen, monkeypatch,
     args = attention_case(gen, torch.float32, 1, 20, 64, 32, 50, 9, 7)  # 20 rows: the batch form's rows
     attn_kernel.SparseAttentionLauncher(overrides=over)(*_dev(*args))
     assert seen and not any(seen), f"unknown launch keywords {seen}"
+
+
+def test_sparse_attention_lists_every_override_it_reads():
+    """SparseAttentionLauncher.OVERRIDES (what attention_ablation.py --attn-over accepts): every
+    launch_config entry of either form and the kernel's tunable constants are in it, and every
+    name in it is one of those, a launch option or a launcher choice (PDL, GLUON)."""
+    kernel = attn_kernel.csa2_sparse_attention_kernel
+    params = set(getattr(kernel, "arg_names", None) or kernel.fn.arg_names)
+    over = attn_kernel.SparseAttentionLauncher.OVERRIDES
+    configs = [attn_splits.launch_config(h, d, ieee, rows) for h, d, ieee, rows in
+               ((64, 512, False, 1), (64, 512, False, 20), (64, 512, False, 200), (16, 64, True, None))]
+    assert set().union(*configs) <= over
+    assert {"INDEX_AHEAD", "PREFETCH"} <= over & params
+    assert over - params == {"num_warps", "num_stages", "GLUON"}  # PDL is a kernel constant
 
 
 def test_is_pow2_takes_int_powers_of_two_and_zero_only_where_asked():

@@ -104,7 +104,7 @@ def _softmax(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sink_ptr, ml_ptr, row, 
     heads_l: gl.constexpr = gl.SliceLayout(1, s_layout)
     # Q into shared memory once, 64 columns per copy
     COLS: gl.constexpr = 64
-    copy: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [SOFTMAX_WARPS, 1], [1, 0])
+    copy: gl.constexpr = _copy_layout(SOFTMAX_WARPS)
     hh = gl.arange(0, H, layout=gl.SliceLayout(1, copy))
     cc = gl.arange(0, COLS, layout=gl.SliceLayout(0, copy))
     for c in gl.static_range(D // COLS):
@@ -268,15 +268,18 @@ def csa2_sparse_attention_ws_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, 
     ], [SOFTMAX_WARPS], [SOFTMAX_REGS])
 
 
-def compile_sm90(split: bool, dim: int = 512, dtype: str = "bf16", block_keys: int = 64, stages: int = 2):
+def compile_sm90(split: bool, dim: int = 512, dtype=None, block_keys: int = 64, stages: int = 2):
     """The kernel compiled for sm_90 without a GPU, as the JIT launch builds it (64 heads, int64
-    ids, 16-byte aligned pointers): Triton's compiled kernel, with its PTX and metadata (shared
-    memory, warps), for checks of the build on any machine."""
-    from dsflash.plugins.aot import compile_kernel
+    ids, 16-byte aligned pointers, `dtype` operands: torch.bfloat16 by default): Triton's compiled
+    kernel, with its PTX and metadata (shared memory, warps), for checks of the build on any
+    machine. The types are the Triton kernel's (trt.kernel_signature): both kernels take the same
+    arguments."""
+    import torch
 
-    types = {"q_ptr": f"*{dtype}", "kv_ptr": f"*{dtype}", "idx_ptr": "*i64", "win_ptr": f"*{dtype}",
-             "wmask_ptr": "*u8", "sink_ptr": "*fp32", "S": "i32", "N": "i32", "T": "i32", "K": "i32",
-             "blocks_per_split": "i32", "out_ptr": f"*{dtype}", "acc_ptr": "*fp32", "ml_ptr": "*fp32"}
+    from dsflash.plugins.aot import compile_kernel
+    from dsflash.plugins.csa2_sparse_attention.trt import kernel_signature
+
+    types = kernel_signature(dtype or torch.bfloat16)
     consts = {"H": 64, "D": dim, "SCALE": dim ** -0.5, "KB": block_keys, "STAGES": stages, "SPLIT": split,
               "num_warps": 8}
     pointers = tuple(a for a, t in types.items() if t.startswith("*"))

@@ -230,6 +230,11 @@ class SparseAttentionLauncher(LauncherBase):
     more than the second launch (docs/benchmarks.md). Holds the workspace; one instance per
     device/stream, calls on it must not overlap."""
 
+    # the override names the launcher reads: launch_config's entries, the pipeline depth, the
+    # gather options, PDL and the Gluon choice (attention_ablation.py --attn-over checks against it)
+    OVERRIDES = frozenset({"BLOCK_H", "BLOCK_K", "BLOCK_D", "IEEE", "num_warps", "num_stages", "INDEX_AHEAD",
+                           "PREFETCH", "PDL", "GLUON"})
+
     def _workspace(self, device, parts: int, dim: int):
         """(acc [parts * dim], ml [parts * 2]) in fp32, at least that large."""
         cap = next_pow2(parts)
