@@ -1,0 +1,85 @@
+"""scripts/attention_timeline.py on the CPU: its stamps still fit the Gluon kernel's source (the
+instrumented copy builds for sm_90, with every stamp in it), and its refusals. The timing itself
+needs a Hopper GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "attention_timeline.py"
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import attention_timeline as timeline  # noqa: E402
+
+BUILD = """
+import json, sys, tempfile
+from pathlib import Path
+import torch
+sys.path.insert(0, sys.argv[1])
+import attention_timeline as timeline
+from dsflash.plugins.aot import compile_kernel
+from dsflash.plugins.csa2_sparse_attention.trt import kernel_signature
+split = sys.argv[2] == "1"
+with tempfile.TemporaryDirectory() as tmp:
+    mod = timeline.load_instrumented(Path(tmp))
+    types = {"tb_ptr": "*i64"} | kernel_signature(torch.bfloat16)
+    consts = {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "KB": 64, "STAGES": 2, "SPLIT": split, "num_warps": 8}
+    pointers = tuple(a for a, t in types.items() if t.startswith("*"))
+    c = compile_kernel(mod.csa2_sparse_attention_ws_kernel, types, consts, 8, divisible_by_16=pointers,
+                       maxnreg=mod.MAXNREG)
+    print(json.dumps({"clock_reads": c.asm["ptx"].count("%clock64"), "warps": c.metadata.num_warps}))
+"""
+
+
+def test_every_anchor_is_in_the_kernel_once():
+    source = timeline.KERNEL.read_text()
+    stamped = timeline.instrumented_source(source)
+    calls = re.findall(r"^\s+(_stamp|_tick)\(tb_ptr", stamped, re.MULTILINE)
+    assert calls.count("_stamp") == len(timeline.POINTS) and calls.count("_tick") == len(timeline.TICKS)
+
+
+def test_a_changed_kernel_is_refused_with_the_anchor():
+    source = timeline.KERNEL.read_text().replace("def _accumulate(q_ptr,", "def _accumulate_v2(q_ptr,")
+    with pytest.raises(ValueError, match=r"anchor found 0 times .*_accumulate\(q_ptr"):
+        timeline.instrumented_source(source)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", [True, False])
+def test_the_stamped_kernel_builds_for_sm90(split):
+    pytest.importorskip("triton.experimental.gluon", reason="needs Triton with Gluon (3.5+)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", BUILD, str(ROOT / "scripts"), "1" if split else "0"], env=env,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    built = json.loads(run.stdout.strip().splitlines()[-1])
+    assert built["warps"] == 12
+    # each point and tick reads the clock at one place in the code (the ticks sit in the loops)
+    assert built["clock_reads"] == len(timeline.POINTS) + len(timeline.TICKS)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("64", "'64' is not ROWSxSPLITS"),
+    ("0x1", "'0x1' is not ROWSxSPLITS"),
+    ("64x0", "'64x0' is not ROWSxSPLITS"),
+    ("4096x2", "makes 8192 programs; the stamp buffer holds 4096"),
+])
+def test_bad_cases_are_refused_by_name(text, message):
+    with pytest.raises(ValueError, match=message):
+        timeline.parse_cases(text)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_without_a_gpu_it_says_so():
+    run = subprocess.run([sys.executable, str(SCRIPT), "--cases", "16x1"], capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert run.returncode != 0 and "needs a CUDA GPU" in run.stderr, run.stderr[-2000:]
