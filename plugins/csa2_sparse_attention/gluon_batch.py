@@ -255,7 +255,7 @@ def csa2_sparse_attention_ws_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, 
     n_iter = gl.maximum(gl.minimum(first + blocks_per_split, n_blocks) - first, 0)
     part = row * gl.num_programs(2) + gl.program_id(2)  # [B*S, P] flat
 
-    gl.static_assert(STAGES * KB >= 2 * H, "the key stages also stage the fp32 [H, D] result")
+    gl.static_assert(STAGES * KB >= H, "the key stages also stage the 16-bit [H, D] result")
     dtype: gl.constexpr = kv_ptr.dtype.element_ty
     q_smem = gl.allocate_shared_memory(dtype, [H, D], gl.NVMMASharedLayout.get_default_for([H, D], dtype))
     kv_smem = gl.allocate_shared_memory(dtype, [STAGES, KB, D],
