@@ -28,6 +28,7 @@ import argparse
 import importlib.util
 import json
 import logging
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -149,6 +150,27 @@ def parse_cases(text: str) -> list[tuple[int, int]]:
     return cases
 
 
+def block_steps(blocks_us: dict) -> dict:
+    """Median step lengths in us over one program's key blocks (blocks_us: TICKS' times per block):
+    the logits, the softmax, p's hand-over, p V, issuing the refill, the refill's copies landing
+    (refill after block i issued -> block i + 2 ready: the two-stage cycle) and the period (one
+    block ready to the next). None where the program has too few blocks for a step."""
+    ready, logits, handed, acc_ready, pv, refill = (blocks_us[name] for name in TICKS)
+    n = len(ready)
+
+    def median(values):
+        return round(statistics.median(values), 3) if values else None
+
+    return {"logits": median([logits[i] - ready[i] for i in range(n)]),
+            "softmax": median([handed[i] - logits[i] for i in range(n)]),
+            "hand_over": median([acc_ready[i] - handed[i] for i in range(n)]),
+            "p_v": median([pv[i] - acc_ready[i] for i in range(n)]),
+            # the last two blocks refill nothing
+            "refill_issue": median([refill[i] - pv[i] for i in range(n - 2)]),
+            "copies_land": median([ready[i + 2] - refill[i] for i in range(n - 2)]),
+            "period": median([ready[i + 1] - ready[i] for i in range(n - 1)])}
+
+
 def run_case(module, rows: int, n_split: int, ghz: float, gen) -> dict:
     import torch
     import triton.testing
@@ -185,11 +207,12 @@ def run_case(module, rows: int, n_split: int, ghz: float, gen) -> dict:
     med = int(length.argsort()[parts // 2])
     origin = prog[med, 9]
     us = 1e-3 / ghz
+    blocks = {name: [round(float((t - origin) * us), 3) for t in ticks[med, k, :min(per, 16)]]
+              for k, name in enumerate(TICKS)}
     return {"rows": rows, "splits": n_split, "blocks_per_program": per, **times, "program": med,
             "points_us": {name: round(float((prog[med, k] - origin) * us), 3)
                           for k, name in enumerate(POINTS)},
-            "blocks_us": {name: [round(float((t - origin) * us), 3) for t in ticks[med, k, :min(per, 16)]]
-                          for k, name in enumerate(TICKS)}}
+            "blocks_us": blocks, "steps_us": block_steps(blocks)}
 
 
 def main() -> None:
@@ -225,6 +248,7 @@ def main() -> None:
                 log.info("  %-32s %8.2f us", name, t)
             for name, ts in res["blocks_us"].items():
                 log.info("  %-32s %s", name, " ".join(f"{t:6.2f}" for t in ts))
+            log.info("  median steps (us): %s", ", ".join(f"{k} {v}" for k, v in res["steps_us"].items()))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "attention_timeline.json").write_text(json.dumps(

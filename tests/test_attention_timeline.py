@@ -83,3 +83,23 @@ def test_without_a_gpu_it_says_so():
     run = subprocess.run([sys.executable, str(SCRIPT), "--cases", "16x1"], capture_output=True, text=True,
                          timeout=300, check=False)
     assert run.returncode != 0 and "needs a CUDA GPU" in run.stderr, run.stderr[-2000:]
+
+
+def test_block_steps_read_the_two_stage_cycle():
+    # blocks 0-3 of 16 rows unsplit on an H100 (session 35, docs/benchmarks.md): the period is the
+    # cycle over two blocks, refill issue + copies + logits + softmax + hand-over + p V, halved
+    blocks = dict(zip(timeline.TICKS, (
+        [1.66, 3.46, 5.44, 7.41], [2.37, 4.29, 6.27, 8.24], [2.86, 4.84, 6.81, 8.78],
+        [2.95, 4.93, 6.89, 8.87], [3.74, 5.72, 7.69, 9.66], [4.37, 6.30, 8.27, 10.24])))
+    steps = timeline.block_steps(blocks)
+    assert steps["logits"] == pytest.approx(0.83) and steps["softmax"] == pytest.approx(0.54)
+    assert steps["p_v"] == pytest.approx(0.79) and steps["hand_over"] == pytest.approx(0.09)
+    assert steps["refill_issue"] == pytest.approx(0.605) and steps["copies_land"] == pytest.approx(1.09)
+    assert steps["period"] == pytest.approx(1.97)
+    cycle = sum(steps[k] for k in ("refill_issue", "copies_land", "logits", "softmax", "hand_over", "p_v"))
+    assert cycle / 2 == pytest.approx(steps["period"], rel=0.03)
+
+
+def test_block_steps_of_a_one_block_program_leave_the_cycle_out():
+    steps = timeline.block_steps({name: [float(k)] for k, name in enumerate(timeline.TICKS)})
+    assert steps["logits"] == 1.0 and steps["refill_issue"] is None and steps["period"] is None
