@@ -150,6 +150,12 @@ def parse_cases(text: str) -> list[tuple[int, int]]:
     return cases
 
 
+def program_blocks(split: int, per: int, n_blocks: int) -> int:
+    """How many of a row's n_blocks key blocks split number `split` runs, at `per` blocks a split
+    (the kernel's n_iter)."""
+    return max(0, min(per, n_blocks - split * per))
+
+
 def block_steps(blocks_us: dict) -> dict:
     """Median step lengths in us over one program's key blocks (blocks_us: TICKS' times per block):
     the logits, the softmax, p's hand-over, p V, issuing the refill, the refill's copies landing
@@ -207,9 +213,13 @@ def run_case(module, rows: int, n_split: int, ghz: float, gen) -> dict:
     med = int(length.argsort()[parts // 2])
     origin = prog[med, 9]
     us = 1e-3 / ghz
-    blocks = {name: [round(float((t - origin) * us), 3) for t in ticks[med, k, :min(per, 16)]]
+    # the median program may be a row's last split, with fewer blocks than `per`: its later tick
+    # slots were never written
+    own = program_blocks(med % n_split, per, splits.key_blocks(topk, window, 64))
+    blocks = {name: [round(float((t - origin) * us), 3) for t in ticks[med, k, :min(own, 16)]]
               for k, name in enumerate(TICKS)}
     return {"rows": rows, "splits": n_split, "blocks_per_program": per, **times, "program": med,
+            "blocks": own,
             "points_us": {name: round(float((prog[med, k] - origin) * us), 3)
                           for k, name in enumerate(POINTS)},
             "blocks_us": blocks, "steps_us": block_steps(blocks)}

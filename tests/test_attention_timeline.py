@@ -103,3 +103,9 @@ def test_block_steps_read_the_two_stage_cycle():
 def test_block_steps_of_a_one_block_program_leave_the_cycle_out():
     steps = timeline.block_steps({name: [float(k)] for k, name in enumerate(timeline.TICKS)})
     assert steps["logits"] == 1.0 and steps["refill_issue"] is None and steps["period"] is None
+
+
+@pytest.mark.parametrize("split,per,n_blocks,expected", [(0, 4, 10, 4), (2, 4, 10, 2), (3, 3, 10, 1),
+                                                         (0, 10, 10, 10), (4, 2, 8, 0)])
+def test_a_rows_last_split_runs_the_blocks_left(split, per, n_blocks, expected):
+    assert timeline.program_blocks(split, per, n_blocks) == expected
