@@ -73,6 +73,18 @@ def test_gluon_attention_smaller_heads_dim(gen):
     assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, "gluon, head_dim 256")
 
 
+def test_batch_shapes_gluon_cannot_compile_take_the_triton_form(gen):
+    """64 heads of 384 dims at 20 rows: the batch form, whose Gluon kernel does not compile for a
+    non-power-of-two head_dim; the default launch takes the Triton batch form."""
+    b, s, n, d, t = 4, 5, 700, 384, 40
+    args = (torch.randn(b, s, 64, d, generator=gen).to(BF16), torch.randn(b, n, d, generator=gen).to(BF16),
+            torch.randint(-1, n, (b, s, 200), generator=gen), torch.randn(b, t, d, generator=gen).to(BF16),
+            torch.rand(b, s, t, generator=gen) > 0.5, torch.randn(64, generator=gen), d ** -0.5)
+    poison_allocator()
+    got = attn_kernel.SparseAttentionLauncher()(*cuda(*args))
+    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, "default launch, head_dim 384")
+
+
 def test_gluon_attention_refuses_other_shapes(gen):
     q = torch.randn(1, 1, 32, 512, device="cuda", dtype=BF16)
     kv = torch.randn(1, 10, 512, device="cuda", dtype=BF16)
@@ -82,6 +94,11 @@ def test_gluon_attention_refuses_other_shapes(gen):
     sink = torch.zeros(32, device="cuda")
     with pytest.raises(ValueError, match="GLUON takes 64 heads"):
         attn_kernel.SparseAttentionLauncher(overrides=GLUON)(q, kv, idx, win, wmask, sink, 0.1)
+    q384, kv384, win384 = (torch.randn(*shape, device="cuda", dtype=BF16)
+                           for shape in ((1, 1, 64, 384), (1, 10, 384), (1, 2, 384)))
+    with pytest.raises(ValueError, match="GLUON takes head_dim 64, 128, 256 or 512"):
+        attn_kernel.SparseAttentionLauncher(overrides=GLUON)(q384, kv384, idx, win384, wmask,
+                                                             torch.zeros(64, device="cuda"), 0.1)
     with pytest.raises(ValueError, match="GLUON takes bf16 or fp16"):
         attn_kernel.SparseAttentionLauncher(overrides=GLUON)(
             torch.randn(1, 1, 64, 512, device="cuda"), kv.float(), idx, win.float(), wmask,

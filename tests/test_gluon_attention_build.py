@@ -33,7 +33,8 @@ json.dump({"num_warps": c.metadata.num_warps, "shared": c.metadata.shared}, open
 
 @pytest.mark.slow
 @pytest.mark.parametrize("split,dim,dtype", [(True, 512, "bfloat16"), (False, 512, "bfloat16"),
-                                             (True, 256, "float16")])
+                                             (True, 256, "float16"), (False, 64, "float16"),
+                                             (True, 64, "bfloat16")])
 def test_gluon_attention_builds_as_designed(tmp_path, split, dim, dtype):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "kernel"

@@ -382,6 +382,19 @@ def test_sparse_attention_batch_form_rule():
     assert [attn_splits.gluon_split_count(r, 132) for r in (16, 20, 32, 40, 64, 128)] == [4, 3, 2, 1, 1, 1]
 
 
+@pytest.mark.parametrize("heads,dim,dtype,message", [
+    (64, 512, torch.bfloat16, None), (64, 256, torch.bfloat16, None), (64, 64, torch.float16, None),
+    # batch-form shapes Gluon cannot compile (its tiles are powers of two): the Triton form takes them
+    (64, 384, torch.bfloat16, r"GLUON takes head_dim 64, 128, 256 or 512 .*got 384"),
+    (64, 192, torch.float16, r"got 192"),
+    (32, 512, torch.bfloat16, r"GLUON takes 64 heads .*got 32"),
+    (64, 512, torch.float32, r"GLUON takes bf16 or fp16, got torch.float32"),
+])
+def test_gluon_takes_the_shapes_it_compiles(heads, dim, dtype, message):
+    problem = attn_kernel.gluon_shape_problem(heads, dim, dtype)
+    assert problem is None if message is None else re.search(message, problem), problem
+
+
 @pytest.mark.parametrize("over,message", [
     ({"PREFETCH": -1}, "PREFETCH -1 must be 0 or a power of two"),
     ({"PREFETCH": 3}, "PREFETCH 3 must be 0 or a power of two"),

@@ -1,5 +1,5 @@
-"""Csa2SparseAttention's batch form as a warp-specialized Gluon kernel for sm_90 (64 heads of 64
-to 512 dims, 16-bit operands): the outputs of csa2_sparse_attention_kernel's batch form (the split
+"""Csa2SparseAttention's batch form as a warp-specialized Gluon kernel for sm_90 (64 heads of 64,
+128, 256 or 512 dims, 16-bit operands): the outputs of csa2_sparse_attention_kernel's batch form (the split
 partials, or the finished rows) over the same key list and splits (splits.py), in 64-key blocks.
 
 Why a second kernel. The Triton kernel's batch form spends most of its time outside the memory

@@ -292,18 +292,28 @@ class SparseAttentionLauncher(LauncherBase):
         return out
 
 
+def gluon_shape_problem(heads: int, dim: int, dtype: torch.dtype) -> str | None:
+    """Why the warp-specialized batch form (gluon_batch.py) cannot take `heads` x `dim` in `dtype`,
+    or None: 64 heads (one 64-row wgmma) of 64, 128, 256 or 512 dims, bf16 or fp16. Gluon's
+    tensors and shared-memory tiles have power-of-two shapes, so 192 or 384 dims do not compile:
+    the Triton batch form takes those (its BLOCK_D rounds up and masks)."""
+    if heads != 64:
+        return f"GLUON takes 64 heads (one 64-row wgmma), got {heads}"
+    if dim not in (64, 128, 256, 512):
+        return f"GLUON takes head_dim 64, 128, 256 or 512 (Gluon's tiles are powers of two), got {dim}"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"GLUON takes bf16 or fp16, got {dtype}"
+    return None
+
+
 def _gluon_problem(q: torch.Tensor) -> str | None:
-    """Why the warp-specialized batch form (gluon_batch.py) cannot take q, or None: it takes 64
-    heads of 64..512 dims (a multiple of 64) in bf16 or fp16 on an sm_90 GPU."""
-    _, _, h, d = q.shape
+    """gluon_shape_problem for q, or why its device cannot run the kernel (it needs an sm_90
+    GPU), or None."""
     if interpreting():
         return "GLUON needs a GPU (Gluon kernels have no interpreter form)"
-    if h != 64:
-        return f"GLUON takes 64 heads (one 64-row wgmma), got {h}"
-    if d % 64 or not 64 <= d <= 512:
-        return f"GLUON takes head_dim 64..512 in steps of 64, got {d}"
-    if q.dtype not in (torch.bfloat16, torch.float16):
-        return f"GLUON takes bf16 or fp16, got {q.dtype}"
+    problem = gluon_shape_problem(q.shape[2], q.shape[3], q.dtype)
+    if problem is not None:
+        return problem
     cap = torch.cuda.get_device_capability(q.device)
     if cap != (9, 0):
         return f"GLUON is written for sm_90 (wgmma, setmaxnreg), this GPU is sm_{cap[0]}{cap[1]}"

@@ -90,12 +90,12 @@ def tactic_overrides(tactic: int, dtype: torch.dtype, heads: int, dim: int) -> d
 
 def tactics(dtype: torch.dtype, heads: int, dim: int) -> list[int]:
     """The tactics for these heads: DECODE changes the blocks of wide heads only; BATCH needs
-    16-bit operands (splits.batch_form); GLUON too, and 64 heads of 64..512 dims in steps of 64
+    16-bit operands (splits.batch_form); GLUON too, and kernel.gluon_shape_problem's shapes
     (gluon_batch.py, unsplit: the JIT launch's choice from 64 rows)."""
     if next_pow2(dim, 16) < 256:
         return [ROWS]
     batch = dtype in HALF_FLOATS and splits.batch_form(heads, dim, splits.BATCH_ROWS, ieee=False)
-    gluon = batch and heads == 64 and dim % 64 == 0 and dim <= 512
+    gluon = batch and kernel.gluon_shape_problem(heads, dim, dtype) is None
     return [ROWS, DECODE, BATCH] + ([GLUON] if gluon else []) if batch else [ROWS, DECODE]
 
 
