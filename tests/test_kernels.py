@@ -330,6 +330,9 @@ def test_fp4_key_decode_bf16_is_exact(gen, j):
     # 3 splits; on a GPU bf16 takes that form by itself (launch_config), fp32 never does
     (2, 20, 64, 256, 50, 40, 30, None, {}),
     (2, 20, 64, 256, 50, 40, 30, 3, {"BLOCK_H": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2}),
+    # 64 heads of 384 dims in the batch form's blocks (BLOCK_D 512, masked): the form that takes
+    # batch shapes the Gluon kernel cannot compile (kernel.gluon_shape_problem)
+    (1, 3, 64, 384, 50, 40, 30, 2, {"BLOCK_H": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2}),
     # the ids of the selected entries loaded a step ahead: runs of several selected blocks per
     # split, a split holding the last selected block and the first window block, one split
     (2, 3, 20, 40, 90, 50, 60, 4, {"BLOCK_K": 16, "BLOCK_H": 16, "INDEX_AHEAD": True}),
