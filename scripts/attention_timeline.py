@@ -178,12 +178,15 @@ def block_steps(blocks_us: dict) -> dict:
 
 
 def run_case(module, rows: int, n_split: int, ghz: float, gen) -> dict:
+    import bench_kernels as bench
     import torch
     import triton.testing
 
     from dsflash.plugins.csa2_sparse_attention import gluon_batch, splits
+    from dsflash.plugins.csa2_sparse_attention.kernel import gluon_block_keys
 
-    n, heads, dim, topk, window = 131072, 64, 512, 512, 128
+    n, heads, dim, topk, window, keys = 131072, bench.HEADS, bench.HEAD_DIM, bench.TOPK, bench.WINDOW, \
+        gluon_block_keys()
 
     def randn(*shape, dtype=torch.bfloat16):
         return torch.randn(*shape, generator=gen, device="cuda", dtype=dtype)
@@ -192,7 +195,7 @@ def run_case(module, rows: int, n_split: int, ghz: float, gen) -> dict:
         randn(heads, dtype=torch.float32)
     wmask = torch.ones(rows, 1, window, dtype=torch.uint8, device="cuda")
     idx = torch.randint(0, n, (rows, 1, topk), generator=gen, device="cuda")
-    per, n_split = splits.split_plan(rows, topk, window, dim, 64, 2 * 132, n_split)
+    per, n_split = splits.split_plan(rows, topk, window, dim, keys, 2 * splits.H200_SMS, n_split)
     split, parts = n_split > 1, rows * n_split
     out = torch.empty_like(q)
     acc = torch.empty(parts * heads * dim, device="cuda")
@@ -202,7 +205,8 @@ def run_case(module, rows: int, n_split: int, ghz: float, gen) -> dict:
     def launch(mod, *lead):
         mod.csa2_sparse_attention_ws_kernel[(rows, 1, n_split)](
             *lead, q, kv, idx, win, wmask, sink, 1, n, window, topk, per, acc if split else out, acc, ml,
-            H=heads, D=dim, SCALE=dim ** -0.5, KB=64, STAGES=2, SPLIT=split, num_warps=8, maxnreg=mod.MAXNREG)
+            H=heads, D=dim, SCALE=dim ** -0.5, KB=keys, STAGES=2, SPLIT=split, num_warps=8,
+            maxnreg=mod.MAXNREG)
 
     times = {"plain_us": 1e3 * triton.testing.do_bench_cudagraph(lambda: launch(gluon_batch), rep=200),
              "stamped_us": 1e3 * triton.testing.do_bench_cudagraph(lambda: launch(module, stamps), rep=200)}
@@ -215,7 +219,7 @@ def run_case(module, rows: int, n_split: int, ghz: float, gen) -> dict:
     us = 1e-3 / ghz
     # the median program may be a row's last split, with fewer blocks than `per`: its later tick
     # slots were never written
-    own = program_blocks(med % n_split, per, splits.key_blocks(topk, window, 64))
+    own = program_blocks(med % n_split, per, splits.key_blocks(topk, window, keys))
     blocks = {name: [round(float((t - origin) * us), 3) for t in ticks[med, k, :min(own, 16)]]
               for k, name in enumerate(TICKS)}
     return {"rows": rows, "splits": n_split, "blocks_per_program": per, **times, "program": med,

@@ -299,7 +299,7 @@ def gluon_shape_problem(heads: int, dim: int, dtype: torch.dtype) -> str | None:
     the Triton batch form takes those (its BLOCK_D rounds up and masks)."""
     if heads != 64:
         return f"GLUON takes 64 heads (one 64-row wgmma), got {heads}"
-    if dim not in (64, 128, 256, 512):
+    if not (is_pow2(dim) and 64 <= dim <= 512):
         return f"GLUON takes head_dim 64, 128, 256 or 512 (Gluon's tiles are powers of two), got {dim}"
     if dtype not in (torch.bfloat16, torch.float16):
         return f"GLUON takes bf16 or fp16, got {dtype}"
