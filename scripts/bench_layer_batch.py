@@ -68,7 +68,7 @@ from triton.runtime.errors import OutOfResources
 
 from dsflash.model import csa2_ops
 from dsflash.model.csa2_ops import select_listed_topk, select_topk
-from dsflash.model.quant import fp4_pow2_pack
+from dsflash.model.quant import fp4_pow2_pack, fp4_pow2_qat
 from dsflash.plugins.csa2_index_score import kernel as index_kernel
 from dsflash.plugins.csa2_index_score.pool_list import listed_picks, pool_entry_list
 from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
@@ -84,6 +84,10 @@ LAYERS = ("full", "full_fp4", "reindex", "reindex_listed", "reindex_listed_fp4",
 # the speed-up over the dense roofline issue 5 asks of each layer
 TARGETS = {"full": 3.0, "full_fp4": 3.0, "reindex": 15.0, "reindex_listed": 15.0, "reindex_listed_fp4": 15.0,
            "reuse": 15.0}
+# --fp4-queries: the FP4 layers' index queries, as kv_qat rounds them (the model's) or bf16 ones
+# (what sessions 19-35 ran; docs/benchmarks.md, session 36: the same kernel took 342.9 us on bf16
+# queries and 326.9 on kv_qat ones at 64 rows on an H200)
+FP4_QUERIES = {"qat": "iq_qat", "bf16": "iq"}
 INDEX_KERNELS = ("index", "index_fp4", "index_reindex", "index_listed", "index_listed_fp4")
 FP4_ENTRY = HEAD_DIM // 2 + HEAD_DIM // 16  # kv_qat's stored entry: e2m1 codes and e4m3 scales (288 B)
 
@@ -122,6 +126,7 @@ def layer_inputs(batch: int, ctx: int, gen: torch.Generator) -> dict:
         return torch.randn(*shape, generator=gen, device="cuda", dtype=dtype)
 
     ik = randn(batch, ctx, INDEX_DIM)
+    iq = randn(batch, 1, INDEX_HEADS, INDEX_DIM)
     # packed a row at a time: packing all 128 rows of 128K at once made a 16 GB temporary, over
     # what an 80 GB H100 had left beside the KV (session 30)
     packed = [fp4_pow2_pack(ik[b:b + 1]) for b in range(batch)]
@@ -137,8 +142,11 @@ def layer_inputs(batch: int, ctx: int, gen: torch.Generator) -> dict:
         "q": randn(batch, 1, HEADS, HEAD_DIM), "kv": randn(batch, ctx, HEAD_DIM),
         "win": randn(batch, WINDOW, HEAD_DIM),
         "wmask": torch.ones(batch, 1, WINDOW, dtype=torch.bool, device="cuda"),
-        "sink": randn(HEADS, dtype=torch.float32), "iq": randn(batch, 1, INDEX_HEADS, INDEX_DIM),
-        "iw": randn(batch, 1, INDEX_HEADS, dtype=torch.float32), "ik": ik, "codes": codes, "exps": exps,
+        "sink": randn(HEADS, dtype=torch.float32), "iq": iq,
+        "iw": randn(batch, 1, INDEX_HEADS, dtype=torch.float32), "ik": ik,
+        # the FP4 layers' queries: the FP4 keys come with kv_qat, which rounds the index queries
+        # too (model/attention.py); --fp4-queries bf16 gives them the bf16 ones instead
+        "iq_qat": fp4_pow2_qat(iq), "codes": codes, "exps": exps,
         "all": torch.ones(batch, 1, ctx, dtype=torch.bool, device="cuda"),
         "pool": pool_mask, "list": csa2_ops.pool_entry_list(pool_mask, pooled),
         "idx": torch.randint(0, ctx, (batch, 1, TOPK), generator=gen, device="cuda"),
@@ -152,8 +160,9 @@ def layer_inputs(batch: int, ctx: int, gen: torch.Generator) -> dict:
 
 
 def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool,
-               topk_over: dict | None = None) -> dict:
+               topk_over: dict | None = None, fp4_queries: str = "qat") -> dict:
     x = layer_inputs(batch, ctx, gen)
+    fq = FP4_QUERIES[fp4_queries]
     attn, topk = attn_kernel.SparseAttentionLauncher(), StableTopkLauncher(overrides=topk_over or {})
     scale = HEAD_DIM ** -0.5
 
@@ -161,9 +170,9 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
         if kind == "reindex_listed":
             return csa2_index_score_pooled(x["iq"], x["iw"], x["ik"], x["list"])
         if kind == "reindex_listed_fp4":
-            return csa2_index_score_fp4_pooled(x["iq"], x["iw"], x["codes"], x["exps"], x["list"])
+            return csa2_index_score_fp4_pooled(x[fq], x["iw"], x["codes"], x["exps"], x["list"])
         if kind == "full_fp4":
-            return index_kernel.csa2_index_score_fp4(x["iq"], x["iw"], x["codes"], x["exps"], x["all"])
+            return index_kernel.csa2_index_score_fp4(x[fq], x["iw"], x["codes"], x["exps"], x["all"])
         visible = x["pool" if kind == "reindex" else "all"]
         return index_kernel.csa2_index_score(x["iq"], x["iw"], x["ik"], visible)
 
@@ -192,7 +201,7 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
     out["listed_same_selection"] = torch.equal(select("reindex_listed"), want)
     if not out["listed_same_selection"]:
         log.warning("the listed Reindex picks differ from the mask form's (batch %d, %d entries)", batch, ctx)
-    fp4_pool_scores = index_kernel.csa2_index_score_fp4(x["iq"], x["iw"], x["codes"], x["exps"], x["pool"])
+    fp4_pool_scores = index_kernel.csa2_index_score_fp4(x[fq], x["iw"], x["codes"], x["exps"], x["pool"])
     want_fp4 = select_topk(fp4_pool_scores, TOPK, topk=topk)
     out["listed_fp4_same_selection"] = torch.equal(select("reindex_listed_fp4"), want_fp4)
     if not out["listed_fp4_same_selection"]:
@@ -299,13 +308,15 @@ def topk_sweep(batch: int, ctx: int, gen: torch.Generator, settings: dict) -> di
     return out
 
 
-def fp4_sweep(batch: int, ctx: int, gen: torch.Generator, configs: list[dict]) -> dict:
+def fp4_sweep(batch: int, ctx: int, gen: torch.Generator, configs: list[dict],
+              fp4_queries: str = "qat") -> dict:
     """The FP4 index kernel's FP8 tensor-core path (fp4_mma.py) under each launch config, over
     every entry of B rows. Each config's scores are compared with the launch default's first:
     the same per-entry products in another tiling should give the same bits ('max_rel_diff' in
     the JSON, a warning when not 0)."""
     x = layer_inputs(batch, ctx, gen)
-    args = (x["iq"], x["iw"], x["codes"], x["exps"], x["all"])
+    fq = FP4_QUERIES[fp4_queries]
+    args = (x[fq], x["iw"], x["codes"], x["exps"], x["all"])
     def scores(over):
         return index_kernel.csa2_index_score_fp4(*args, overrides=over)
 
@@ -323,7 +334,7 @@ def fp4_sweep(batch: int, ctx: int, gen: torch.Generator, configs: list[dict]) -
         out[label] = {"us": us, "max_rel_diff": diff / scale}
     # the listed pool's FP4 kernel (pooled_fp4.py: the same products, ids from the list) under the
     # same settings, against its own launch default
-    listed_args = (x["iq"], x["iw"], x["codes"], x["exps"], x["list"])
+    listed_args = (x[fq], x["iw"], x["codes"], x["exps"], x["list"])
     want = csa2_index_score_fp4_pooled(*listed_args)
     for cfg in configs:
         if cfg.get("PATH") == "decode":
@@ -340,10 +351,17 @@ def fp4_sweep(batch: int, ctx: int, gen: torch.Generator, configs: list[dict]) -
     return out
 
 
+# the FP4 sweep's flags: the exponents a byte per load; the lo products skipped on rows without a
+# lo part, or not (fp4_mma.py, pooled_fp4.py: LO_SKIP)
+FP4_FLAGS = {"b": {"EXP_WORDS": False}, "s": {"LO_SKIP": True}, "n": {"LO_SKIP": False}}
+
+
 def parse_fp4_configs(text: str) -> list[dict]:
-    """'BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS]' entries, comma-separated (b: one exponent byte
-    per load instead of the 32-bit words; rREGS: ptxas's register cap per thread, maxnreg), or
-    'decode' (the decode path, for comparison)."""
+    """'BLOCK_N:BLOCKS:num_warps:STAGES[:b][:s|:n][:rREGS]' entries, comma-separated (b: one exponent
+    byte per load instead of the 32-bit words; s / n: LO_SKIP on / off in both kernels, the lo
+    products skipped on rows without a lo part (the defaults: off in the mask kernel, on in the
+    listed one); rREGS: ptxas's register cap per thread, maxnreg), or 'decode' (the decode path,
+    for comparison)."""
     configs = []
     for item in filter(None, text.split(",")):
         if item == "decode":  # the exact decode to bf16 keys (kernel.py), for comparison
@@ -352,12 +370,13 @@ def parse_fp4_configs(text: str) -> list[dict]:
         parts = item.split(":")
         flags = parts[4:]
         numbers_ok = len(parts) >= 4 and all(p.isdigit() for p in parts[:4])
-        if not numbers_ok or not all(f == "b" or (f[:1] == "r" and f[1:].isdigit()) for f in flags):
-            raise ValueError(f"FP4 config {item!r} is not BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS]")
+        known = all(f in FP4_FLAGS or (f[:1] == "r" and f[1:].isdigit()) for f in flags)
+        if not numbers_ok or not known or {"s", "n"} <= set(flags):
+            raise ValueError(f"FP4 config {item!r} is not BLOCK_N:BLOCKS:num_warps:STAGES[:b][:s|:n][:rREGS]")
         block_n, blocks, warps, stages = map(int, parts[:4])
         cfg = {"BLOCK_N": block_n, "BLOCKS": blocks, "num_warps": warps, "STAGES": stages}
         for flag in flags:
-            cfg |= {"EXP_WORDS": False} if flag == "b" else {"maxnreg": int(flag[1:])}
+            cfg |= FP4_FLAGS.get(flag) or {"maxnreg": int(flag[1:])}
         configs.append(cfg)
     return configs
 
@@ -439,6 +458,7 @@ def report(res: dict) -> str:
             f"copy {res['bw_GBps']:.0f} GB/s")
     if res.get("topk_overrides"):
         head += f"  top-k overrides {res['topk_overrides']}"
+    head += f"  FP4 layers' index queries: {res.get('fp4_queries', 'bf16')}"
     columns = ("| batch | context | dense roofline | Full (bf16 keys) | Full (FP4 keys) | Reindex (mask) | "
                "Reindex (list) | Reindex (list, FP4 keys) | Reuse | index / FP4 / pool mask / pool list / "
                "pool list FP4 | top-k / list | attention | FP4 entries: decode / + attention | "
@@ -529,7 +549,10 @@ def main() -> None:
                     help="time the layers with these top-k launcher overrides (KEY=VALUE,..., "
                     "e.g. COLLECT=chunk; integers as integers)")
     ap.add_argument("--fp4-configs", default="", help="sweep the FP4 index kernel's launch "
-                    "(BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS],...) instead of timing the layers")
+                    "(BLOCK_N:BLOCKS:num_warps:STAGES[:b][:s|:n][:rREGS],...) instead of timing the layers")
+    ap.add_argument("--fp4-queries", choices=sorted(FP4_QUERIES), default="qat",
+                    help="the FP4 layers' index queries: kv_qat's FP4 rounding, as the model makes them "
+                    "(default), or bf16 ones (sessions 19-35's runs)")
     ap.add_argument("--attn-configs", default="", help="sweep the sparse attention's launch "
                     "(BLOCK_H:BLOCK_K:num_warps:num_stages[:SPLITS][:a][:pN],...) instead of timing the "
                     "layers")
@@ -570,7 +593,7 @@ def main() -> None:
     bw = ceilings(quick=True)["copy_GBps"]
     res = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "torch": torch.__version__, "triton": triton.__version__, "bw_GBps": bw,
-           "topk_overrides": topk_over, "cases": []}
+           "topk_overrides": topk_over, "fp4_queries": args.fp4_queries, "cases": []}
     gen = torch.Generator(device="cuda").manual_seed(0)
     topk_blocks = [int(b) for b in filter(None, args.topk_blocks.split(","))]
     topk_ranks = [int(r) for r in filter(None, args.topk_ranks.split(","))]
@@ -588,7 +611,8 @@ def main() -> None:
         res["fp4_sweep"] = {}
         for c in contexts:
             for b in batches:
-                case = res["fp4_sweep"][f"batch {b} ctx {c}"] = fp4_sweep(b, c, gen, fp4_configs)
+                case = res["fp4_sweep"][f"batch {b} ctx {c}"] = fp4_sweep(b, c, gen, fp4_configs,
+                                                                          args.fp4_queries)
                 pooled = min(CAND_BLOCKS, c // CAND_BLOCK) * CAND_BLOCK
                 roof = {"mask": index_bytes(b, c, c, fp4=True) / bw / 1e3,
                         "listed": layer_bytes(b, c, pooled)["index_listed_fp4"] / bw / 1e3}
@@ -612,7 +636,7 @@ def main() -> None:
     for ctx in contexts:
         for batch in tqdm(batches, desc=f"layers at {ctx}"):
             res["cases"].append({"batch": batch, "context": ctx}
-                                | batch_case(batch, ctx, gen, bw, args.cold, topk_over))
+                                | batch_case(batch, ctx, gen, bw, args.cold, topk_over, args.fp4_queries))
             torch.cuda.empty_cache()
             (out / "bench_layer_batch.json").write_text(json.dumps(res, indent=1))
     log.info("\n%s", report(res))

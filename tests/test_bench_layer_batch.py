@@ -44,8 +44,8 @@ def test_layer_bytes_grow_with_the_batch_and_bound_the_speed_ups(bench):
     (["--batches", "0"], "must be >= 1"),
     (["--contexts", "1001"], "multiples of 8"),
     (["--fp4-configs", "64:4:4"], "FP4 config '64:4:4' is not BLOCK_N:BLOCKS:num_warps:STAGES"),
-    (["--fp4-configs", "64:4:4:0:x"], "is not BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS]"),
-    (["--fp4-configs", "64:4:4:0:rx"], "is not BLOCK_N:BLOCKS:num_warps:STAGES[:b][:rREGS]"),
+    (["--fp4-configs", "64:4:4:0:x"], "is not BLOCK_N:BLOCKS:num_warps:STAGES[:b][:s|:n][:rREGS]"),
+    (["--fp4-configs", "64:4:4:0:rx"], "is not BLOCK_N:BLOCKS:num_warps:STAGES[:b][:s|:n][:rREGS]"),
     (["--attn-configs", "64:32:8"], "attention config '64:32:8' is not BLOCK_H:BLOCK_K:num_warps:num_stages"),
     (["--attn-configs", "64:32:8:0"], "is not BLOCK_H:BLOCK_K:num_warps:num_stages[:SPLITS][:a][:pN]"),
     (["--attn-configs", "64:32:8:4:a:a"], "attention config '64:32:8:4:a:a' is not"),
@@ -75,10 +75,15 @@ def test_without_a_gpu_it_says_so(tmp_path):
 
 
 def test_sweep_settings_spell_out_the_launches(bench):
-    assert bench.parse_fp4_configs("decode,64:4:4:0:r80,128:16:8:3:b") == [
+    assert bench.parse_fp4_configs("decode,64:4:4:0:r80,128:16:8:3:b,128:16:4:3:s:r128,128:8:4:3:n") == [
         {"PATH": "decode"},
         {"BLOCK_N": 64, "BLOCKS": 4, "num_warps": 4, "STAGES": 0, "maxnreg": 80},
-        {"BLOCK_N": 128, "BLOCKS": 16, "num_warps": 8, "STAGES": 3, "EXP_WORDS": False}]
+        {"BLOCK_N": 128, "BLOCKS": 16, "num_warps": 8, "STAGES": 3, "EXP_WORDS": False},
+        {"BLOCK_N": 128, "BLOCKS": 16, "num_warps": 4, "STAGES": 3, "LO_SKIP": True, "maxnreg": 128},
+        {"BLOCK_N": 128, "BLOCKS": 8, "num_warps": 4, "STAGES": 3, "LO_SKIP": False}]
+    for bad in ("128:8:4:3:x", "128:8:4:3:s:n"):
+        with pytest.raises(ValueError, match="is not BLOCK_N:BLOCKS:num_warps:STAGES"):
+            bench.parse_fp4_configs(bad)
     assert bench.parse_fp4_configs("") == []
     settings = bench.topk_settings([2048], [(4, 4, 8, 8, 8)])
     assert settings == {"chunk 2048 warps 4": {"CHUNK": 2048, "num_warps": 4, "SKIP_IDLE": True},
@@ -158,3 +163,29 @@ def test_an_attention_setting_that_does_not_fit_is_a_result(bench, monkeypatch):
     assert math.isnan(got["BLOCK_K 64 num_stages 3"]["us"])
     assert "shared memory" in got["BLOCK_K 64 num_stages 3"]["error"]
     assert got["BLOCK_K 8 num_stages 2"] == {"us": pytest.approx(20.0), "max_abs_diff": pytest.approx(8e-3)}
+
+
+@pytest.mark.parametrize("queries", ["qat", "bf16"])
+def test_fp4_sweep_scores_the_chosen_queries(monkeypatch, bench, queries):
+    """--fp4-queries: the FP4 index kernels get kv_qat's rounded queries (the model's) or the bf16
+    ones, in the sweep as in the layer table."""
+    inputs = {name: torch.full((2, 3), float(i)) for i, name in enumerate(("iq", "iq_qat", "iw", "codes",
+                                                                           "exps", "all", "list"))}
+    seen = []
+
+    def score(q, *rest, overrides=None):
+        seen.append(q)
+        return torch.ones(2, 3)
+
+    monkeypatch.setattr(bench, "layer_inputs", lambda batch, ctx, gen: inputs)
+    monkeypatch.setattr(bench.index_kernel, "csa2_index_score_fp4", score)
+    monkeypatch.setattr(bench, "csa2_index_score_fp4_pooled", score)
+    monkeypatch.setattr(bench, "time_ms", lambda fn, graph: (fn(), 0.01)[1])
+    got = bench.fp4_sweep(2, 1024, None, [{"BLOCK_N": 128}], queries)
+    assert got["BLOCK_N 128"] == {"us": pytest.approx(10.0), "max_rel_diff": 0.0}
+    want = inputs[bench.FP4_QUERIES[queries]]
+    assert len(seen) == 6 and all(q is want for q in seen)  # default, config, timed; mask and list
+    assert bench.FP4_QUERIES == {"qat": "iq_qat", "bf16": "iq"}
+    report = bench.report({"gpu": "G", "torch": "t", "triton": "tr", "date": "d", "bw_GBps": 1.0,
+                           "fp4_queries": queries, "cases": []})
+    assert f"FP4 layers' index queries: {queries}" in report

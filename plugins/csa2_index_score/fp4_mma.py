@@ -72,12 +72,16 @@ def _query_scale(q_ptr, row, I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr)
 @triton.jit
 def _query_parts(q_ptr, row, I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr):
     """The row's queries as (hi, lo) e4m3 tiles [I, 32] per scale group (tuples), 1 / a_h and the
-    head index. hi: q / a_h cut to 4 significant bits, which e4m3 holds as it is (no rounding
-    step); lo: the rest, 4 more bits for a bf16 query."""
+    head index and whether any lo is nonzero. hi: q / a_h cut to 4 significant bits, which e4m3
+    holds as it is (no rounding step); lo: the rest, 4 more bits for a bf16 query. A kv_qat query
+    (model/attention.py: fp4_pow2_qat, e2m1 values of 2 significant bits times a power of two per
+    32 channels) has no lo wherever its groups' scales lie within ~11 binades of its head's
+    largest: hi holds it exactly."""
     inv_a, ii = _query_scale(q_ptr, row, I, J, JP)
     kk = tl.arange(0, 32)
     q_hi = ()
     q_lo = ()
+    lo_max = 0.0
     for g in tl.static_range(J // 32):
         qs = tl.load(q_ptr + (row * I + ii[:, None]) * J + 32 * g + kk[None, :]).to(tl.float32)
         # the key tile's channel order, even channels then odd ones, by a permute in registers
@@ -86,18 +90,21 @@ def _query_parts(q_ptr, row, I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr)
         qs = qs * inv_a[:, None]
         hi = (qs.to(tl.int32, bitcast=True) & -1048576).to(tl.float32, bitcast=True).to(tl.float8e4nv)
         q_hi = q_hi + (hi,)
-        q_lo = q_lo + ((qs - hi.to(tl.float32)).to(tl.float8e4nv),)
-    return q_hi, q_lo, inv_a, ii
+        lo = (qs - hi.to(tl.float32)).to(tl.float8e4nv)
+        q_lo = q_lo + (lo,)
+        lo_max = tl.maximum(lo_max, tl.max(tl.max(tl.abs(lo.to(tl.float32)), axis=1), axis=0))
+    return q_hi, q_lo, inv_a, ii, lo_max > 0.0
 
 
 @triton.jit
 def program_queries(q_ptr, w_ptr, S, I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr):
     """A program's query row (grid axis 0 = B * S rows): (row, its batch index b, the query split
-    as _query_parts makes it, the head weights times a_h (a_h > 0 passes through the ReLU))."""
+    as _query_parts makes it, the head weights times a_h (a_h > 0 passes through the ReLU),
+    whether the split has a nonzero lo part)."""
     row = tl.program_id(0).to(tl.int64)
-    q_hi, q_lo, inv_a, ii = _query_parts(q_ptr, row, I, J, JP)
+    q_hi, q_lo, inv_a, ii, has_lo = _query_parts(q_ptr, row, I, J, JP)
     w = tl.load(w_ptr + row * I + ii).to(tl.float32) / inv_a
-    return row, row // S, q_hi, q_lo, w
+    return row, row // S, q_hi, q_lo, w, has_lo
 
 
 @triton.jit
@@ -113,7 +120,8 @@ def _exponent(exps_ptr, entry, live, g, G: tl.constexpr, EXP_WORDS: tl.constexpr
 
 @triton.jit
 def _fp4_block_dots(codes_ptr, exps_ptr, entry, live, q_hi, q_lo, I: tl.constexpr, J: tl.constexpr,
-                    BLOCK_N: tl.constexpr, ASM: tl.constexpr, EXP_WORDS: tl.constexpr):
+                    BLOCK_N: tl.constexpr, ASM: tl.constexpr, EXP_WORDS: tl.constexpr,
+                    LO: tl.constexpr = True):
     """Per entry and head, 2^-6 keys . q / a_h [BLOCK_N, I] in fp32 for entries `entry` (loads
     masked by `live`): per scale group the e4m3 key tile times the query's hi part, then its lo part
     added in the same tensor-core accumulator, x 2^e in one FMA per element (the caller applies
@@ -132,7 +140,9 @@ def _fp4_block_dots(codes_ptr, exps_ptr, entry, live, q_hi, q_lo, I: tl.constexp
         # loaded in the same channel order (_query_parts)
         keys = tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), [BLOCK_N, 32])
         keys = keys.to(tl.float8e4nv, bitcast=True)
-        part = tl.dot(keys, tl.trans(q_lo[g]), tl.dot(keys, tl.trans(q_hi[g])))
+        part = tl.dot(keys, tl.trans(q_hi[g]))
+        if LO:  # the lo product; without it (a row of kv_qat queries) the same sums
+            part = tl.dot(keys, tl.trans(q_lo[g]), part)
         acc += part * exact_pow2(_exponent(exps_ptr, entry, live, g, J // 32, EXP_WORDS))[:, None]
     return acc
 
@@ -150,7 +160,7 @@ def csa2_index_score_fp4_mma_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, vis_ptr, 
                                     I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr,
                                     BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr,
                                     STAGES: tl.constexpr = 0, EXP_WORDS: tl.constexpr = False,
-                                    PDL: tl.constexpr = False):
+                                    LO_SKIP: tl.constexpr = False, PDL: tl.constexpr = False):
     """Grid (B * S query rows, runs of BLOCKS entry blocks of BLOCK_N): the query split is made
     once per program and serves its BLOCKS blocks. I heads (a power of two >= 16), J channels (a
     multiple of 32, JP the next power of two). STAGES 0: a block nothing sees is skipped whole
@@ -163,11 +173,36 @@ def csa2_index_score_fp4_mma_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, vis_ptr, 
     SM a program; 324.0-332.9 us at 64-entry blocks under a 80-register cap, but 61-62 us against
     46 at 8 rows); each entry's 64 code bytes in one load, split into groups in registers, for
     whole-sector L2 requests (ncu found the L2 tag lookups 78% busy): 340.7 us, 333.2 under a
-    128-register cap, 56.9 / 44.2 against 46.3 us at 8 rows."""
+    128-register cap, 56.9 / 44.2 against 46.3 us at 8 rows. Session 36 (docs/benchmarks.md):
+    each block's visibility taken from the run's, loaded before the loop (no load in the loop for
+    the code copies to wait on): 2.5x slower (a cross-warp reduction per block).
+
+    LO_SKIP: rows whose query split has no lo part (kv_qat's queries, as the model makes them) run
+    a copy of the loop without the lo products. Off by default: the branch takes the kernel from
+    128 registers per thread to 129, an SM then holds 3 programs instead of 4 (H200, 2026-12-06:
+    61.0 against 46.0 us at 8 rows, 349.7 against 326.9 at 64, on kv_qat queries)."""
     wait_for_earlier_grids(PDL)
-    row, b, q_hi, q_lo, w = program_queries(q_ptr, w_ptr, S, I, J, JP)
+    row, b, q_hi, q_lo, w, has_lo = program_queries(q_ptr, w_ptr, S, I, J, JP)
     first = tl.program_id(1) * BLOCKS
     last = tl.minimum(first + BLOCKS, tl.cdiv(N, BLOCK_N))
+    if LO_SKIP:  # a row without a lo part (kv_qat's queries) runs the loop without the lo products
+        if has_lo:
+            _mma_blocks(codes_ptr, exps_ptr, vis_ptr, out_ptr, row, b, N, first, last, q_hi, q_lo, w, I, J,
+                        BLOCK_N, ASM, STAGES, EXP_WORDS, True)
+        else:
+            _mma_blocks(codes_ptr, exps_ptr, vis_ptr, out_ptr, row, b, N, first, last, q_hi, q_lo, w, I, J,
+                        BLOCK_N, ASM, STAGES, EXP_WORDS, False)
+    else:
+        _mma_blocks(codes_ptr, exps_ptr, vis_ptr, out_ptr, row, b, N, first, last, q_hi, q_lo, w, I, J,
+                    BLOCK_N, ASM, STAGES, EXP_WORDS, True)
+
+
+@triton.jit
+def _mma_blocks(codes_ptr, exps_ptr, vis_ptr, out_ptr, row, b, N, first, last, q_hi, q_lo, w, I: tl.constexpr,
+                J: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr, STAGES: tl.constexpr,
+                EXP_WORDS: tl.constexpr, LO: tl.constexpr):
+    """Entry blocks [first, last) of one query row, scores stored (-inf where the row does not see
+    the entry): the kernel's two loops (LO: with the lo products)."""
     if STAGES == 0:
         for blk in range(first, last):
             n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -176,7 +211,7 @@ def csa2_index_score_fp4_mma_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, vis_ptr, 
             score = tl.zeros([BLOCK_N], dtype=tl.float32)
             if tl.max(vis.to(tl.int32), axis=0) > 0:  # a block nothing sees is not read
                 acc = _fp4_block_dots(codes_ptr, exps_ptr, b * N + n, nmask, q_hi, q_lo, I, J, BLOCK_N, ASM,
-                                      EXP_WORDS)
+                                      EXP_WORDS, LO)
                 score = _weighted_relu_sum(acc, w)
             tl.store(out_ptr + row * N + n, tl.where(vis, score, float("-inf")), mask=nmask)
     else:
@@ -185,6 +220,6 @@ def csa2_index_score_fp4_mma_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, vis_ptr, 
             nmask = n < N
             vis = tl.load(vis_ptr + row * N + n, mask=nmask, other=0) != 0
             acc = _fp4_block_dots(codes_ptr, exps_ptr, b * N + n, nmask & vis, q_hi, q_lo, I, J, BLOCK_N,
-                                  ASM, EXP_WORDS)
+                                  ASM, EXP_WORDS, LO)
             score = _weighted_relu_sum(acc, w)
             tl.store(out_ptr + row * N + n, tl.where(vis, score, float("-inf")), mask=nmask)

@@ -273,7 +273,7 @@ def csa2_index_score_fp4(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: t
     From 32K entries over all query rows, bf16 queries with a power-of-two head count of 16 or more
     run on the FP8 tensor cores (fp4_mma.py); other calls use the exact bf16/fp32 decode above.
     `overrides` replaces launch parameters (PATH "mma" or "decode", BLOCK_N, BLOCKS, STAGES,
-    EXP_WORDS, num_warps, maxnreg: benchmark sweeps, tests)."""
+    EXP_WORDS, LO_SKIP (fp4_mma.py), num_warps, maxnreg: benchmark sweeps, tests)."""
     op = "Csa2IndexScore(fp4)"
     n = check_fp4_keys(op, q_BSIJ, codes_BNH, exps_BNG)
     b, _, _, j = q_BSIJ.shape

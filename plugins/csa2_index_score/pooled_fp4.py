@@ -26,7 +26,7 @@ from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
 @triton.jit
 def _listed_fp4_scores(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, p, q_hi, q_lo, w,
                        I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr,
-                       EXP_WORDS: tl.constexpr, SKIP_EMPTY: tl.constexpr):
+                       EXP_WORDS: tl.constexpr, SKIP_EMPTY: tl.constexpr, LO: tl.constexpr):
     """Scores of list slots p (one block) stored, -inf where the id is outside [0, N); such slots'
     codes and exponents stay unread. SKIP_EMPTY: a block with no listed id (the list's -1 padding)
     does no products at all (a branch; the unpipelined launch)."""
@@ -37,11 +37,11 @@ def _listed_fp4_scores(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, 
     if SKIP_EMPTY:
         if tl.max(listed.to(tl.int32), axis=0) > 0:
             acc = _fp4_block_dots(codes_ptr, exps_ptr, b * N + entry, listed, q_hi, q_lo, I, J, BLOCK_N, ASM,
-                                  EXP_WORDS)
+                                  EXP_WORDS, LO)
             score = _weighted_relu_sum(acc, w)
     else:
         acc = _fp4_block_dots(codes_ptr, exps_ptr, b * N + entry, listed, q_hi, q_lo, I, J, BLOCK_N, ASM,
-                              EXP_WORDS)
+                              EXP_WORDS, LO)
         score = _weighted_relu_sum(acc, w)
     tl.store(out_ptr + row * P + p, tl.where(listed, score, float("-inf")), mask=pmask)
 
@@ -51,25 +51,48 @@ def csa2_index_score_fp4_pooled_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, entrie
                                        I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr,
                                        BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr,
                                        STAGES: tl.constexpr = 0, EXP_WORDS: tl.constexpr = False,
-                                       PDL: tl.constexpr = False):
+                                       LO_SKIP: tl.constexpr = True, PDL: tl.constexpr = False):
     """Grid (B * S query rows, runs of BLOCKS list blocks of BLOCK_N slots): one query split per
     program serves its blocks. STAGES 0: plain loop, empty blocks skipped; STAGES >= 2: a
     software-pipelined loop (the next blocks' ids, codes and exponents in flight while one is
-    multiplied), as fp4_mma.py's batch launch."""
+    multiplied), as fp4_mma.py's batch launch. LO_SKIP (default): a row whose query split has no lo
+    part (kv_qat's queries, as the model makes them) runs a copy of the loop without the lo
+    products (H200, 2026-12-06, kv_qat queries, 16K listed entries per row: 68.4 against 71.9 us at
+    64 rows, 21.9 against 23.1 at 8; 167 registers per thread either way). Measured and dropped
+    (session 36): the run's ids loaded before the loop, each block's taken out in registers, so
+    that no code copy waits on the newest id copy (the TTGIR's async_wait of 0): 86.6 against
+    65.0 us at 64 rows (H100), a cross-warp reduction per block costing more than it hid."""
     wait_for_earlier_grids(PDL)
-    row, b, q_hi, q_lo, w = program_queries(q_ptr, w_ptr, S, I, J, JP)
+    row, b, q_hi, q_lo, w, has_lo = program_queries(q_ptr, w_ptr, S, I, J, JP)
     first = tl.program_id(1) * BLOCKS
     last = tl.minimum(first + BLOCKS, tl.cdiv(P, BLOCK_N))
+    if LO_SKIP:  # a row without a lo part (kv_qat's queries) runs the loop without the lo products
+        if has_lo:
+            _listed_blocks(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, first, last, q_hi, q_lo,
+                           w, I, J, BLOCK_N, ASM, STAGES, EXP_WORDS, True)
+        else:
+            _listed_blocks(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, first, last, q_hi, q_lo,
+                           w, I, J, BLOCK_N, ASM, STAGES, EXP_WORDS, False)
+    else:
+        _listed_blocks(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, first, last, q_hi, q_lo, w, I,
+                       J, BLOCK_N, ASM, STAGES, EXP_WORDS, True)
+
+
+@triton.jit
+def _listed_blocks(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, first, last, q_hi, q_lo, w,
+                   I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr,
+                   STAGES: tl.constexpr, EXP_WORDS: tl.constexpr, LO: tl.constexpr):
+    """List blocks [first, last) of one query row (the kernel's loop; LO: with the lo products)."""
     if STAGES == 0:
         for blk in range(first, last):
             p = blk * BLOCK_N + tl.arange(0, BLOCK_N)
             _listed_fp4_scores(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, p, q_hi, q_lo, w,
-                               I, J, BLOCK_N, ASM, EXP_WORDS, True)
+                               I, J, BLOCK_N, ASM, EXP_WORDS, True, LO)
     else:
         for blk in tl.range(first, last, num_stages=STAGES):
             p = blk * BLOCK_N + tl.arange(0, BLOCK_N)
             _listed_fp4_scores(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, p, q_hi, q_lo, w,
-                               I, J, BLOCK_N, ASM, EXP_WORDS, False)
+                               I, J, BLOCK_N, ASM, EXP_WORDS, False, LO)
 
 
 def csa2_index_score_fp4_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: torch.Tensor,
@@ -80,8 +103,8 @@ def csa2_index_score_fp4_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes
     [B, S, P] int32/int64 ids, -1 (or any id outside [0, N)) for an empty slot. The FP8
     tensor-core products need bf16 queries (fp32 under the Triton interpreter, which cannot
     multiply bf16) and a power-of-two head count of 16 or more. Launch settings from
-    pooled_fp4_config; `overrides` replaces them (BLOCK_N, BLOCKS, STAGES, EXP_WORDS, num_warps,
-    PDL: benchmarks, tests)."""
+    pooled_fp4_config; `overrides` replaces them (BLOCK_N, BLOCKS, STAGES, EXP_WORDS, LO_SKIP,
+    num_warps, PDL: benchmarks, tests)."""
     op = "Csa2IndexScore(fp4, pooled)"
     n, p = _check_listed(op, q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP)
     b, s, heads, j = q_BSIJ.shape
