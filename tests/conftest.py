@@ -37,11 +37,21 @@ def random_ids(gen: torch.Generator, batch: int, length: int, vocab: int) -> tor
 
 @pytest.fixture(scope="session")
 def tiny_bundle(tiny_model, tmp_path_factory):
-    """The tiny model exported once per test session, both flavors (about 3 minutes)."""
-    from dsflash.export.bundle import write_bundle
+    """The tiny model exported once per test run, both flavors (about 3 minutes). Under
+    pytest-xdist (CI runs two workers) the workers share one export in the run's temporary folder:
+    the first to take the lock writes it, the others open it (its manifest is written last, so a
+    bundle with one is whole). The tests only read it."""
+    from filelock import FileLock
 
-    return write_bundle(tiny_model, tmp_path_factory.mktemp("bundle") / "tiny", "tiny",
-                        ("plugin", "portable"), workers=2)
+    from dsflash.export.bundle import Bundle, write_bundle
+
+    shared = os.environ.get("PYTEST_XDIST_WORKER") is not None
+    root = tmp_path_factory.getbasetemp().parent if shared else tmp_path_factory.mktemp("bundle")
+    path = root / "tiny_bundle" / "tiny"
+    with FileLock(str(root / "tiny_bundle.lock")):
+        if (path / "manifest.json").is_file():
+            return Bundle.open(path)
+        return write_bundle(tiny_model, path, "tiny", ("plugin", "portable"), workers=2)
 
 
 def submit_from_threads(loop, prompts: list, params) -> list:
