@@ -26,6 +26,7 @@ on every case (a warning and `topk_exact: false` in the JSON if they differ).
 
     python scripts/bench_layer_batch.py --out gpu_out [--batches 1,8,32,64] [--contexts 131072]
     python scripts/bench_layer_batch.py --out gpu_out --batches 1,64 --topk-digits 8-8-8-8,4-4-8-8-8
+    python scripts/bench_layer_batch.py --out gpu_out --batches 1,64 --topk-rowform 32:5:16 --topk-kinds listed
     python scripts/bench_layer_batch.py --out gpu_out --batches 1,64 --fp4-configs 64:4:4:0,128:16:8:3
     python scripts/bench_layer_batch.py --out docs --plot-from gpu_out/bench_layer_batch.json  # any machine
 
@@ -236,7 +237,7 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
 
 
 def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = (), ranks: list[int] = (),
-                  firsts: list[int] = (), ties: bool = False) -> dict:
+                  firsts: list[int] = (), ties: bool = False, row_forms: list[tuple] = ()) -> dict:
     """Label -> StableTopkLauncher overrides: each chunk with 4 warps, 4 warps without the idle
     skip and 8 warps; each digit split (widths of the passes, most significant first) with the
     launcher's own chunk; with `blocks`, the radix form and the block-max form (prefilter.py) at
@@ -244,8 +245,15 @@ def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = ()
     reading the live blocks only, then the live collect under each rank block (candidates per rank
     program); with `firsts`, the block-max form's first launch at each count of blocks per program
     (BM_CHUNK: 16 blocks of 16 scores are 1 KB per program); with `ties`, its rank launch with the
-    entries tied at T written by programs of their own against by the rank programs."""
-    out = {"radix form": {"FORM": "radix"}} if blocks else {}
+    entries tied at T written by programs of their own against by the rank programs; with
+    `row_forms` ((warps, digit bits, picks compared at a time) each), the radix form, the block-max
+    form at blocks of 8 and the row form (row_form.py: one program per row) at each."""
+    out = {"radix form": {"FORM": "radix"}} if blocks or row_forms else {}
+    if row_forms:
+        out["block-max form, blocks of 8"] = {"FORM": "prefilter", "BLOCK": 8}
+    for warps, bits, cmp in row_forms:
+        out[f"row form, {warps} warps, {bits}-bit digits, {cmp} compared"] = {
+            "FORM": "row", "ROW_WARPS": warps, "ROW_BITS": bits, "ROW_CMP": cmp}
     if ranks:
         out["collect chunk"] = {"COLLECT": "chunk"}
         out["collect live"] = {"COLLECT": "live"}
@@ -284,15 +292,34 @@ def parse_overrides(text: str, known: frozenset = StableTopkLauncher.OVERRIDES, 
     return out
 
 
-def topk_sweep(batch: int, ctx: int, gen: torch.Generator, settings: dict) -> dict:
+def parse_row_forms(text: str) -> list[tuple]:
+    """--topk-rowform's 'WARPS:BITS:COMPARED,...' as (warps, bits, compared) tuples, or a
+    ValueError naming the entry (warps a power of two up to 32, bits 1..11, compared a power of
+    two: what the row form accepts)."""
+    out = []
+    for item in filter(None, text.split(",")):
+        parts = item.split(":")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"--topk-rowform: {item!r} is not WARPS:BITS:COMPARED")
+        warps, bits, cmp = map(int, parts)
+        if warps not in (1, 2, 4, 8, 16, 32) or not 1 <= bits <= 11 or cmp < 1 or cmp & (cmp - 1):
+            raise ValueError(f"--topk-rowform: {item!r} needs warps a power of two up to 32, bits "
+                             "1..11 and compared a power of two")
+        out.append((warps, bits, cmp))
+    return out
+
+
+def topk_sweep(batch: int, ctx: int, gen: torch.Generator, settings: dict,
+               kinds: tuple = ("full", "reindex", "listed")) -> dict:
     """The top-k's launch settings at a batch (topk_settings), on the index kernel's scores of a
-    Full and of a Reindex layer (mask form: all entries; list form: the pool's): at B rows a digit
-    pass launches B x ctx / CHUNK programs, each building a 2^bits-bin histogram. Every setting is
-    checked bit for bit against the stable sort first (NaN: it differed)."""
+    Full and of a Reindex layer (mask form: all entries; list form: the pool's), those of `kinds`:
+    at B rows a digit pass launches B x ctx / CHUNK programs, each building a 2^bits-bin histogram.
+    Every setting is checked bit for bit against the stable sort first (NaN: it differed)."""
     x = layer_inputs(batch, ctx, gen)
     scores = {kind: index_kernel.csa2_index_score(x["iq"], x["iw"], x["ik"], x[vis])
-              for kind, vis in (("full", "all"), ("reindex", "pool"))}
-    scores["listed"] = csa2_index_score_pooled(x["iq"], x["iw"], x["ik"], x["list"])
+              for kind, vis in (("full", "all"), ("reindex", "pool")) if kind in kinds}
+    if "listed" in kinds:
+        scores["listed"] = csa2_index_score_pooled(x["iq"], x["iw"], x["ik"], x["list"])
     del x
     out = {}
     for kind, s in scores.items():
@@ -545,6 +572,12 @@ def main() -> None:
     ap.add_argument("--topk-ties", action="store_true",
                     help="sweep the block-max form's rank launch: the ties at T in programs of their own "
                     "or in the rank programs")
+    ap.add_argument("--topk-rowform", default="",
+                    help="sweep the top-k's row form (one program per row; WARPS:BITS:COMPARED,..., e.g. "
+                    "32:5:16,16:4:16) against the radix and block-max forms")
+    ap.add_argument("--topk-kinds", default="full,reindex,listed",
+                    help="the scores the top-k sweeps run on (full, reindex: every entry of 'ctx'; listed: "
+                    "a Reindex layer's listed pool)")
     ap.add_argument("--topk-over", default="",
                     help="time the layers with these top-k launcher overrides (KEY=VALUE,..., "
                     "e.g. COLLECT=chunk; integers as integers)")
@@ -583,6 +616,10 @@ def main() -> None:
         for split in digits:
             digit_passes(split)  # widths 1..11 adding up to 32, or a ValueError naming them
         topk_over = parse_overrides(args.topk_over)
+        row_forms = parse_row_forms(args.topk_rowform)
+        topk_kinds = tuple(filter(None, args.topk_kinds.split(",")))
+        if not topk_kinds or set(topk_kinds) - {"full", "reindex", "listed"}:
+            raise ValueError(f"--topk-kinds: {args.topk_kinds!r} is not a list of full, reindex, listed")
     except ValueError as err:
         ap.error(str(err))
     if not torch.cuda.is_available():
@@ -598,11 +635,12 @@ def main() -> None:
     topk_blocks = [int(b) for b in filter(None, args.topk_blocks.split(","))]
     topk_ranks = [int(r) for r in filter(None, args.topk_ranks.split(","))]
     topk_firsts = [int(f) for f in filter(None, args.topk_first.split(","))]
-    topk_sweeps = args.topk_chunks or digits or topk_blocks or topk_ranks or topk_firsts or args.topk_ties
+    topk_sweeps = (args.topk_chunks or digits or topk_blocks or topk_ranks or topk_firsts or args.topk_ties
+                   or row_forms)
     if topk_sweeps:
         chunks = [int(c) for c in filter(None, args.topk_chunks.split(","))]
-        settings = topk_settings(chunks, digits, topk_blocks, topk_ranks, topk_firsts, args.topk_ties)
-        res["topk_sweep_us"] = {f"batch {b} ctx {c}": topk_sweep(b, c, gen, settings)
+        settings = topk_settings(chunks, digits, topk_blocks, topk_ranks, topk_firsts, args.topk_ties, row_forms)
+        res["topk_sweep_us"] = {f"batch {b} ctx {c}": topk_sweep(b, c, gen, settings, topk_kinds)
                                 for c in contexts for b in batches}
         (out / "topk_sweep.json").write_text(json.dumps(res, indent=1))
         for case, times in res["topk_sweep_us"].items():

@@ -718,7 +718,7 @@ def test_stable_topk_programs_without_entries_in_play_leave_no_stale_counts(gen,
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
-    launcher = topk_kernel.StableTopkLauncher(overrides={"CHUNK": 128, "SKIP_IDLE": skip_idle})
+    launcher = topk_kernel.StableTopkLauncher(overrides={"CHUNK": 128, "SKIP_IDLE": skip_idle, "FORM": "radix"})
     everywhere = torch.full((2, 1024), 100.0)
     small = torch.rand(2, 1024, generator=gen)
     small[:, 768:] = 100.0
@@ -732,6 +732,8 @@ def _assert_topk_workspaces_cleared(launcher):
     """Histograms back at zero after a call, and the radix form's slot counter (the block-max
     form clears its counter at the start of a call instead: its last launch reads it)."""
     for ws in launcher._ws.values():
+        if "sel_key" in ws:  # the row form keeps no counts between calls
+            continue
         assert torch.count_nonzero(ws["hist"]) == 0
         assert "cand" in ws or torch.count_nonzero(ws["counter"]) == 0
 
@@ -790,7 +792,7 @@ def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block):
     scores, k = _block_max_cases(gen)[case]
     launcher = topk_kernel.StableTopkLauncher(overrides={"FORM": "prefilter", "BLOCK": block, "CHUNK": 256,
                                                          "RANK_BLOCK": 2})
-    assert launcher._form(scores.shape[-1], k, block) == "prefilter"
+    assert launcher._form(scores.shape[-1], k, block, scores.shape[0]) == "prefilter"
     want_v, want_i = topk_ref.stable_topk(scores, k)
     for _ in range(2):
         got_v, got_i = launcher(*_dev(scores), k)
@@ -848,17 +850,30 @@ def test_stable_topk_lists_every_override_it_reads():
 
 def test_stable_topk_picks_its_form_by_blocks():
     """The block-max form serves rows of at least 4k blocks (a Full layer's 128K entries, one row
-    or many); rows of fewer blocks (a listed pool of 16K) take the radix form; a forced form it
-    cannot serve (fewer than k blocks) falls back; a bad FORM, BLOCK, CHUNK, COLLECT, LIVE_BLOCKS,
+    or many); a listed pool of 16K takes the row form from ROW_MIN_ROWS rows and the radix form on
+    fewer; a forced form it cannot serve (fewer than k blocks; a row over ROW_MAX_N entries or k
+    over ROW_MAX_K) falls back to the radix form; a bad FORM, BLOCK, CHUNK, COLLECT, LIVE_BLOCKS,
     RANK_BLOCK, CMP_BLOCK, BM_CHUNK or TIES is refused before any launch, naming it."""
-    from dsflash.plugins.stable_topk.kernel import PREFILTER_BLOCK, StableTopkLauncher
+    from dsflash.plugins.stable_topk.kernel import (
+        PREFILTER_BLOCK,
+        ROW_MAX_K,
+        ROW_MAX_N,
+        ROW_MIN_ROWS,
+        StableTopkLauncher,
+    )
 
     auto, forced = StableTopkLauncher(), StableTopkLauncher(overrides={"FORM": "prefilter"})
-    assert auto._form(131072, 512, PREFILTER_BLOCK) == auto._form(131072, 512, 8) == "prefilter"
-    assert auto._form(16384, 512, 16) == "radix"  # 1,024 blocks < 4 x 512
-    assert forced._form(4096, 512, 8) == "prefilter" and forced._form(4000, 512, 8) == "radix"
-    with pytest.raises(ValueError, match="FORM must be 'radix' or 'prefilter', got 'sort'"):
-        StableTopkLauncher(overrides={"FORM": "sort"})._form(4096, 8, 8)
+    for rows in (1, 64):
+        assert auto._form(131072, 512, PREFILTER_BLOCK, rows) == auto._form(131072, 512, 8, rows) == "prefilter"
+    assert auto._form(16384, 512, 16, ROW_MIN_ROWS - 1) == "radix"  # 1,024 blocks < 4 x 512
+    assert auto._form(16384, 512, 16, ROW_MIN_ROWS) == auto._form(16384, 512, 16, 64) == "row"
+    assert auto._form(ROW_MAX_N + 1, 512, 16, 64) == "radix"
+    assert auto._form(ROW_MAX_N, ROW_MAX_K + 1, 2, 64) == "radix"
+    assert forced._form(4096, 512, 8, 1) == "prefilter" and forced._form(4000, 512, 8, 1) == "radix"
+    row = StableTopkLauncher(overrides={"FORM": "row"})
+    assert row._form(300, 8, 16, 1) == "row" and row._form(ROW_MAX_N + 1, 8, 16, 64) == "radix"
+    with pytest.raises(ValueError, match="FORM must be 'radix', 'prefilter' or 'row', got 'sort'"):
+        StableTopkLauncher(overrides={"FORM": "sort"})._form(4096, 8, 8, 1)
     with pytest.raises(ValueError, match="CHUNK must be a power of two of at least 16, got 100"):
         StableTopkLauncher(overrides={"CHUNK": 100})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="BLOCK must be a power of two in 2..512, got 12"):
@@ -872,9 +887,9 @@ def test_stable_topk_picks_its_form_by_blocks():
             with pytest.raises(ValueError, match=f"{name} must be a power of two, got {bad}"):
                 StableTopkLauncher(overrides={name: bad})(*_dev(scores), 8)
     with pytest.raises(ValueError, match="BM_CHUNK must be a power of two, got 24"):
-        StableTopkLauncher(overrides={"BM_CHUNK": 24})(*_dev(torch.rand(2, 4096)), 8)
+        StableTopkLauncher(overrides={"BM_CHUNK": 24, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="TIES must be 'chunk' or 'rank', got 'all'"):
-        StableTopkLauncher(overrides={"TIES": "all"})(*_dev(torch.rand(2, 4096)), 8)
+        StableTopkLauncher(overrides={"TIES": "all", "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
 
 
 @pytest.mark.parametrize("regs, warps, shared, want", [

@@ -282,7 +282,7 @@ def decode_attention_inputs(gen, n=131072):
 
 
 TOPK_FORMS = {"radix": {"FORM": "radix"}, "prefilter": {"FORM": "prefilter"},
-              "prefilter, whole chunks": {"FORM": "prefilter", "COLLECT": "chunk"}}
+              "prefilter, whole chunks": {"FORM": "prefilter", "COLLECT": "chunk"}, "row": {"FORM": "row"}}
 
 
 @pytest.mark.parametrize("form", list(TOPK_FORMS))
@@ -291,14 +291,16 @@ def test_workspace_kernels_under_graph_replay(gen, form):
     counters it clears itself): captured once as a CUDA graph, as the decode step is, and
     replayed on fresh inputs, each replay equals the reference (a counter left over or a stale
     partial shows up as a wrong replay); the top-k in both forms, the block-max one with either
-    collect launch (live blocks, whole chunks)."""
+    collect launch (live blocks, whole chunks), the row form on rows of 16K (the largest it
+    serves)."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
     attn = attn_kernel.SparseAttentionLauncher()
     topk = topk_kernel.StableTopkLauncher(overrides=TOPK_FORMS[form])
     a_in = cuda(*decode_attention_inputs(gen))
-    s_in = torch.relu(torch.randn(2, 131072, device="cuda"))
+    n = 16384 if form == "row" else 131072
+    s_in = torch.relu(torch.randn(2, n, device="cuda"))
     attn(*a_in), topk(s_in, 512)  # compile, allocate the workspaces
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -309,7 +311,7 @@ def test_workspace_kernels_under_graph_replay(gen, form):
         fresh = decode_attention_inputs(gen)
         for dst, src in zip(a_in[:6], fresh[:6]):
             dst.copy_(src)
-        scores = torch.relu(torch.randn(2, 131072, generator=gen)).round(decimals=2)  # many ties
+        scores = torch.relu(torch.randn(2, n, generator=gen)).round(decimals=2)  # many ties
         s_in.copy_(scores)
         graph.replay()
         torch.cuda.synchronize()
@@ -384,6 +386,7 @@ def test_cuda_graph_decode_with_kernels_gives_reference_tokens(tiny_cfg, gen, kv
 
 @pytest.mark.parametrize("pdl", [True, False])
 @pytest.mark.parametrize("rows,n,k", [(1, 131072, 512), (4, 65536, 512), (1, 16384, 2048), (2, 3000, 512),
+                                      (128, 16384, 512),
                                       (64, 16384, 512), (64, 131072, 512)])
 @pytest.mark.parametrize("form", list(TOPK_FORMS))
 def test_stable_topk_flash_sizes(gen, rows, n, k, pdl, form):
@@ -391,11 +394,13 @@ def test_stable_topk_flash_sizes(gen, rows, n, k, pdl, form):
     programmatic dependent launch (the default on sm_90) and without (64 rows of 16K: a Reindex
     layer's listed pools at a decode batch; 64 of 128K: Full layers'), in both forms (the
     block-max one falls back to the radix one where a row has fewer than k blocks; its collect
-    launch over the live blocks, the default, and over whole chunks)."""
+    launch over the live blocks, the default, and over whole chunks; the row form on rows of up to
+    16K, the radix one on longer rows). A third of the zeros are -0.0, which tie with +0.0."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
     scores = torch.relu(torch.randn(rows, n, generator=gen))
+    scores[:, ::3] = torch.where(scores[:, ::3] == 0, -0.0, scores[:, ::3])
     scores[:, : n // 3] = float("-inf")
     want_v, want_i = topk_ref.stable_topk(scores, k)
     launcher = topk_kernel.StableTopkLauncher(overrides={"PDL": pdl} | TOPK_FORMS[form])

@@ -67,6 +67,7 @@ from dsflash.plugins.stable_topk.prefilter import (
     prefilter_rank_kernel,
 )
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
+from dsflash.plugins.stable_topk.row_form import row_topk_kernel
 
 # digit widths of the passes over the 32-bit key, most significant first (the launch default;
 # `DIGITS` in the overrides for a sweep). Up to 11 bits: the last program's histogram arithmetic
@@ -74,6 +75,15 @@ from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_ref
 DIGITS = (8, 8, 8, 8)
 # entries per block of the block-max form (prefilter.py; H200 sweep in _form)
 PREFILTER_BLOCK = 16
+# the row form (row_form.py): rows of up to ROW_MAX_N entries in one program of ROW_WARPS warps
+# (16 keys per thread at 32 warps, whose threads have at most 64 registers), k up to ROW_MAX_K (its
+# rank compares the k picks with each other in that one program), digits of ROW_BITS bits; by
+# default from ROW_MIN_ROWS rows (H200 sweep in _form)
+ROW_MAX_N = 16384
+ROW_MAX_K = 2048
+ROW_WARPS = 32
+ROW_BITS = 5
+ROW_MIN_ROWS = 2
 
 
 def digit_passes(digits: tuple) -> tuple:
@@ -183,12 +193,14 @@ class StableTopkLauncher(LauncherBase):
     (False: plain launches), SKIP_IDLE (False: every program of a digit pass builds its histogram);
     the block-max form's FORM, BLOCK, COLLECT ('live' or 'chunk'), LIVE_BLOCKS (live blocks read
     per step of the live collect), BM_CHUNK (blocks per program of its first launch) and TIES
-    ('chunk' or 'rank': which programs of the rank launch write the entries tied at T)."""
+    ('chunk' or 'rank': which programs of the rank launch write the entries tied at T); the row
+    form's ROW_WARPS, ROW_BITS and ROW_CMP."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
     # the override names the launcher reads (the docstring's list), for callers that check theirs
     OVERRIDES = frozenset({"DIGITS", "CHUNK", "num_warps", "MAX_K", "RANK_BLOCK", "CMP_BLOCK", "PDL", "SKIP_IDLE",
-                           "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES"})
+                           "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES",
+                           "ROW_WARPS", "ROW_BITS", "ROW_CMP"})
 
     def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
         def fits(ws):
@@ -242,7 +254,11 @@ class StableTopkLauncher(LauncherBase):
         idx = torch.empty(rows, k_out, dtype=torch.int64, device=scores.device)
         warps = self._overrides.get("num_warps", 4)
         block = self._overrides.get("BLOCK", PREFILTER_BLOCK)
-        if self._form(n, k_out, block) == "prefilter":
+        form = self._form(n, k_out, block, rows)
+        if form == "row":
+            self._row_form(flat, k_out, vals, idx)
+            return vals.view(*lead, k_out), idx.view(*lead, k_out)
+        if form == "prefilter":
             self._block_max_form(flat, k_out, vals, idx, passes, chunk, block, warps, (rank_block, cmp_block))
             return vals.view(*lead, k_out), idx.view(*lead, k_out)
         ws = self._workspace(scores.device, rows, n_prog, kp, passes)
@@ -271,9 +287,12 @@ class StableTopkLauncher(LauncherBase):
         require(is_pow2(value), f"StableTopk: {name} must be a power of two, got {value!r}")
         return value
 
-    def _form(self, n: int, k_out: int, block: int) -> str:
-        """"radix" or "prefilter" (prefilter.py), the override FORM if given. The block-max form
-        needs at least k maxima; by default it serves rows of at least 4k blocks: with fewer, most
+    def _form(self, n: int, k_out: int, block: int, rows: int) -> str:
+        """"radix", "prefilter" (prefilter.py) or "row" (row_form.py), the override FORM if given
+        (where the row does not suit the form asked for, the radix form). The row form holds a
+        row of up to ROW_MAX_N entries in one program, for k up to ROW_MAX_K; by default it serves
+        such rows from ROW_MIN_ROWS rows.
+        The block-max form needs at least k maxima; by default it serves rows of at least 4k blocks: with fewer, most
         entries can lie above the k-th maximum, and the rank compares all of them with each other.
         H200 sweep, k = 512, the index kernel's scores, graph replay (bench_layer_batch.py
         --topk-blocks 8,16,32, 2026-12-04), us for 1 / 8 / 64 rows: 128K entries, radix 17.1 /
@@ -281,14 +300,44 @@ class StableTopkLauncher(LauncherBase):
         23.0 / 96.5; a Reindex layer's listed pool of 16K (2,048 blocks of 8): radix 10.9 /
         16.1 / 47.6, blocks of 8 12.6 / 14.8 / 41.2, of 32 (512 blocks, = k) 31.0 / 92.3 / 501.5."""
         form = self._overrides.get("FORM")
-        require(form in (None, "radix", "prefilter"),
-                f"StableTopk: FORM must be 'radix' or 'prefilter', got {form!r}")
+        require(form in (None, "radix", "prefilter", "row"),
+                f"StableTopk: FORM must be 'radix', 'prefilter' or 'row', got {form!r}")
         require(2 <= block <= 512 and block & (block - 1) == 0,
                 f"StableTopk: BLOCK must be a power of two in 2..512, got {block}")
+        fits_row = n <= ROW_MAX_N and k_out <= ROW_MAX_K
         blocks = cdiv(n, block)
         if form is None:
+            if fits_row and rows >= ROW_MIN_ROWS:
+                return "row"
             form = "prefilter" if blocks >= 4 * k_out else "radix"
+        if form == "row":
+            return "row" if fits_row else "radix"
         return form if blocks >= k_out else "radix"
+
+    def _row_form(self, flat: torch.Tensor, k_out: int, vals: torch.Tensor, idx: torch.Tensor) -> None:
+        """row_form.py's one launch into vals / idx [rows, k_out]; overrides ROW_WARPS, ROW_BITS
+        and ROW_CMP (picks compared at a time in the rank step) for sweeps."""
+        rows, n = flat.shape
+        kp = next_pow2(k_out)
+        bits = self._overrides.get("ROW_BITS", ROW_BITS)
+        require(isinstance(bits, int) and 1 <= bits <= 11,
+                f"StableTopk: ROW_BITS must be 1..11 (a histogram of 2^bits bins), got {bits!r}")
+        warps = self._pow2("ROW_WARPS", ROW_WARPS)
+        require(warps <= 32, f"StableTopk: ROW_WARPS must be at most 32 (1,024 threads), got {warps}")
+        cmp_block = min(self._pow2("ROW_CMP", 16), kp)
+
+        def fits(ws):
+            return ws["sel_key"].shape[0] >= rows and ws["sel_key"].shape[1] >= kp
+
+        def make():
+            return {name: torch.empty(max(rows, 1), kp, dtype=torch.int32, device=flat.device)
+                    for name in ("sel_key", "sel_idx")}
+
+        ws = self._reuse_or_make((flat.device, "row"), fits, make)
+        stride = ws["sel_key"].shape[1]
+        row_topk_kernel[(rows,)](
+            flat, n, k_out, ws["sel_key"], ws["sel_idx"], vals, idx, KP=stride, NP=max(next_pow2(n), 16),
+            BITS=bits, CMP_BLOCK=cmp_block, num_warps=warps, **pdl_launch_args(flat.device, self._overrides))
 
     def _block_max_form(self, flat: torch.Tensor, k_out: int, vals: torch.Tensor, idx: torch.Tensor,
                         passes: tuple, chunk: int, block: int, warps: int, rank: tuple[int, int]) -> None:

@@ -12,13 +12,22 @@ BIG = tl.constexpr(3.4028234663852886e38)  # float32 max: the reference clamps +
 
 
 @triton.jit
-def order_key(s):
-    """Order-preserving keys (int64 holding 32 bits) of fp32 values: ascending key == ascending
-    clamped value. Every key is above 0, so 0 stands below every score."""
+def order_key32(s):
+    """Order-preserving 32-bit keys (uint32) of fp32 values: ascending key == ascending clamped
+    value, and equal keys for equal values: -0.0 takes +0.0's key (the reference's sort holds
+    them equal, so they keep index order; their bits alone would put -0.0 below). Every key is
+    above 0, so 0 stands below every score."""
     s = tl.minimum(tl.maximum(s, -BIG), BIG)
+    s = tl.where(s == 0.0, 0.0, s)
     bits = s.to(tl.uint32, bitcast=True)
-    ordered = tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
-    return ordered.to(tl.int64) & 0xFFFFFFFF
+    return tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+
+
+@triton.jit
+def order_key(s):
+    """order_key32 as an int64 holding the 32 bits (the radix and block-max forms pack it with
+    an index into 64-bit keys)."""
+    return order_key32(s).to(tl.int64) & 0xFFFFFFFF
 
 
 @triton.jit
