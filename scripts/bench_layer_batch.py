@@ -77,7 +77,8 @@ from dsflash.plugins.csa2_index_score.pooled_fp4 import csa2_index_score_fp4_poo
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
 from dsflash.plugins.csa2_sparse_attention.entries_fp4 import csa2_entries_fp4
 from dsflash.plugins.launch import is_pow2
-from dsflash.plugins.stable_topk.kernel import StableTopkLauncher, digit_passes
+from dsflash.plugins.launch import is_pow2
+from dsflash.plugins.stable_topk.kernel import ROW_BLOCK, StableTopkLauncher, digit_passes
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
 log = logging.getLogger("bench_layer_batch")
@@ -246,14 +247,15 @@ def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = ()
     program); with `firsts`, the block-max form's first launch at each count of blocks per program
     (BM_CHUNK: 16 blocks of 16 scores are 1 KB per program); with `ties`, its rank launch with the
     entries tied at T written by programs of their own against by the rank programs; with
-    `row_forms` ((warps, digit bits, picks compared at a time) each), the radix form, the block-max
-    form at blocks of 8 and the row form (row_form.py: one program per row) at each."""
+    `row_forms` ((warps, digit bits, picks compared at a time, prefilter block) each), the radix
+    form, the block-max form at blocks of 8 and the row form (row_form.py: one program per row) at
+    each."""
     out = {"radix form": {"FORM": "radix"}} if blocks or row_forms else {}
     if row_forms:
         out["block-max form, blocks of 8"] = {"FORM": "prefilter", "BLOCK": 8}
-    for warps, bits, cmp in row_forms:
-        out[f"row form, {warps} warps, {bits}-bit digits, {cmp} compared"] = {
-            "FORM": "row", "ROW_WARPS": warps, "ROW_BITS": bits, "ROW_CMP": cmp}
+    for warps, bits, cmp, block in row_forms:
+        out[f"row form, {warps} warps, {bits}-bit digits, {cmp} compared, blocks of {block}"] = {
+            "FORM": "row", "ROW_WARPS": warps, "ROW_BITS": bits, "ROW_CMP": cmp, "ROW_BLOCK": block}
     if ranks:
         out["collect chunk"] = {"COLLECT": "chunk"}
         out["collect live"] = {"COLLECT": "live"}
@@ -293,19 +295,21 @@ def parse_overrides(text: str, known: frozenset = StableTopkLauncher.OVERRIDES, 
 
 
 def parse_row_forms(text: str) -> list[tuple]:
-    """--topk-rowform's 'WARPS:BITS:COMPARED,...' as (warps, bits, compared) tuples, or a
-    ValueError naming the entry (warps a power of two up to 32, bits 1..11, compared a power of
-    two: what the row form accepts)."""
+    """--topk-rowform's 'WARPS:BITS:COMPARED[:BLOCK],...' as (warps, bits, compared, block)
+    tuples (block: the launcher's ROW_BLOCK when left out), or a ValueError naming the entry (warps
+    a power of two up to 32, bits 1..11, compared and block powers of two: what the row form
+    accepts)."""
     out = []
     for item in filter(None, text.split(",")):
         parts = item.split(":")
-        if len(parts) != 3 or not all(p.isdigit() for p in parts):
-            raise ValueError(f"--topk-rowform: {item!r} is not WARPS:BITS:COMPARED")
-        warps, bits, cmp = map(int, parts)
-        if warps not in (1, 2, 4, 8, 16, 32) or not 1 <= bits <= 11 or cmp < 1 or cmp & (cmp - 1):
+        if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts):
+            raise ValueError(f"--topk-rowform: {item!r} is not WARPS:BITS:COMPARED[:BLOCK]")
+        warps, bits, cmp, block = (*map(int, parts), ROW_BLOCK)[:4]
+        if (warps not in (1, 2, 4, 8, 16, 32) or not 1 <= bits <= 11 or not is_pow2(cmp)
+                or not is_pow2(block)):
             raise ValueError(f"--topk-rowform: {item!r} needs warps a power of two up to 32, bits "
-                             "1..11 and compared a power of two")
-        out.append((warps, bits, cmp))
+                             "1..11, compared and block powers of two")
+        out.append((warps, bits, cmp, block))
     return out
 
 
@@ -573,8 +577,8 @@ def main() -> None:
                     help="sweep the block-max form's rank launch: the ties at T in programs of their own "
                     "or in the rank programs")
     ap.add_argument("--topk-rowform", default="",
-                    help="sweep the top-k's row form (one program per row; WARPS:BITS:COMPARED,..., e.g. "
-                    "32:5:16,16:4:16) against the radix and block-max forms")
+                    help="sweep the top-k's row form (one program per row; WARPS:BITS:COMPARED[:BLOCK],..., "
+                    "e.g. 32:5:16,32:8:16:1) against the radix and block-max forms")
     ap.add_argument("--topk-kinds", default="full,reindex,listed",
                     help="the scores the top-k sweeps run on (full, reindex: every entry of 'ctx'; listed: "
                     "a Reindex layer's listed pool)")

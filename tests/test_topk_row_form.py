@@ -27,14 +27,18 @@ def _check(launcher, scores: torch.Tensor, k: int, calls: int = 2) -> None:
 @pytest.mark.parametrize("rows,n,k", [(3, 50, 4), (2, 300, 8), (1, 1000, 16), (2, 5, 8), (1, 3000, 100),
                                       (2, 700, 1), (1, 64, 64), (3, 2000, 512), (1, 16384, 512)])
 @pytest.mark.parametrize("bits", [None, 1, 3, 11])
-def test_row_form_is_exact(gen, rows, n, k, bits):
+@pytest.mark.parametrize("prefilter", ["default", "none", "tight"])
+def test_row_form_is_exact(gen, rows, n, k, bits, prefilter):
     """Ties (ReLU zeros, rounded values) to the lower index, -inf / +inf, k > N, k = 1, k = N, the
     largest row it serves (16K), digit passes of 1 bit (32 passes), 3 bits (a last pass of 2 bits)
-    and 11 bits, twice on one launcher."""
+    and 11 bits, twice on one launcher; with the block-max prefilter (blocks of 16, or of 1 entry
+    where a row has fewer than k blocks), without it, and with blocks of 2 and room for only
+    next_pow2(k) candidates, so that rows with more candidates take the whole-row passes."""
     scores = torch.relu(torch.randn(rows, n, generator=gen)).round(decimals=1)
     scores[0, ::7] = float("-inf")
     scores[-1, 3] = float("inf")
-    over = {"FORM": "row"} | ({"ROW_BITS": bits} if bits else {})
+    over = ({"FORM": "row"} | ({"ROW_BITS": bits} if bits else {})
+            | {"default": {}, "none": {"ROW_BLOCK": 1}, "tight": {"ROW_BLOCK": 2, "ROW_CAP": 16}}[prefilter])
     launcher = topk_kernel.StableTopkLauncher(overrides=over)
     assert launcher._form(n, min(k, n), 16, rows) == "row"
     _check(launcher, scores, k)
@@ -59,13 +63,15 @@ def _hard_rows(gen) -> dict:
 
 @pytest.mark.parametrize("case", ["ascending", "sparse ties", "equal run", "all equal", "all -inf",
                                   "one ulp apart", "continuous", "k = n"])
-def test_row_form_is_exact_on_hard_rows(gen, case):
+@pytest.mark.parametrize("block", [1, 2, 16])
+def test_row_form_is_exact_on_hard_rows(gen, case, block):
     """The k best at the end, the k-th best a tie spread over the row (the passes run to the last
-    bit, then the first ties in index order), a run of equal best values, all equal, all -inf,
-    neighbouring keys (every pass needed), continuous scores (the passes stop early) and k = N
-    (no pass); one launcher for all, so nothing may carry over between calls."""
+    bit, then the first ties in index order), a run of equal best values, all equal (every entry a
+    candidate: more than the prefilter holds), all -inf, neighbouring keys (every pass needed),
+    continuous scores (the passes stop early) and k = N (no pass); without the prefilter, and with
+    blocks of 2 and of 16 entries; one launcher each, so nothing may carry over between calls."""
     scores, k = _hard_rows(gen)[case]
-    _check(topk_kernel.StableTopkLauncher(overrides={"FORM": "row"}), scores, k)
+    _check(topk_kernel.StableTopkLauncher(overrides={"FORM": "row", "ROW_BLOCK": block}), scores, k)
 
 
 @pytest.mark.parametrize("form", ["radix", "prefilter", "row"])
@@ -74,7 +80,7 @@ def test_negative_zero_ties_with_zero(gen, form):
     -0.0 below +0.0 (the radix and block-max forms picked [4, 1, 3, 0] where the sort picks
     [4, 0, 1, 2] on the first row here). Every form, the k-th best among mixed zeros."""
     first = torch.tensor([[-0.0, 0.0, -0.0, 0.0, 1.0, -1.0]]).expand(2, 6).clone()
-    mixed = torch.relu(torch.randn(2, 4096, generator=gen)).round(decimals=0)
+    mixed = torch.relu(torch.randn(2, 1024, generator=gen)).round(decimals=0)
     mixed[:, ::3] = torch.where(mixed[:, ::3] == 0, -0.0, mixed[:, ::3])
     launcher = topk_kernel.StableTopkLauncher(overrides={"FORM": form, "BLOCK": 2})
     _check(launcher, first, 4)
@@ -86,7 +92,9 @@ def test_negative_zero_ties_with_zero(gen, form):
                                         ({"ROW_BITS": 12}, "ROW_BITS must be 1..11"),
                                         ({"ROW_WARPS": 64}, "ROW_WARPS must be at most 32"),
                                         ({"ROW_WARPS": 12}, "ROW_WARPS must be a power of two, got 12"),
-                                        ({"ROW_CMP": 3}, "ROW_CMP must be a power of two, got 3")])
+                                        ({"ROW_CMP": 3}, "ROW_CMP must be a power of two, got 3"),
+                                        ({"ROW_BLOCK": 6}, "ROW_BLOCK must be a power of two, got 6"),
+                                        ({"ROW_CAP": 1000}, "ROW_CAP must be a power of two, got 1000")])
 def test_row_form_refuses_bad_settings(over, match):
     """A row-form setting it cannot launch is refused before any launch, naming it."""
     launcher = topk_kernel.StableTopkLauncher(overrides={"FORM": "row"} | over)

@@ -84,6 +84,9 @@ ROW_MAX_K = 2048
 ROW_WARPS = 32
 ROW_BITS = 5
 ROW_MIN_ROWS = 2
+# the row form's prefilter: blocks of ROW_BLOCK entries (1: none), candidates held up to ROW_CAP
+ROW_BLOCK = 16
+ROW_CAP = 2048
 
 
 def digit_passes(digits: tuple) -> tuple:
@@ -194,13 +197,13 @@ class StableTopkLauncher(LauncherBase):
     the block-max form's FORM, BLOCK, COLLECT ('live' or 'chunk'), LIVE_BLOCKS (live blocks read
     per step of the live collect), BM_CHUNK (blocks per program of its first launch) and TIES
     ('chunk' or 'rank': which programs of the rank launch write the entries tied at T); the row
-    form's ROW_WARPS, ROW_BITS and ROW_CMP."""
+    form's ROW_WARPS, ROW_BITS, ROW_CMP, ROW_BLOCK and ROW_CAP."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
     # the override names the launcher reads (the docstring's list), for callers that check theirs
     OVERRIDES = frozenset({"DIGITS", "CHUNK", "num_warps", "MAX_K", "RANK_BLOCK", "CMP_BLOCK", "PDL", "SKIP_IDLE",
                            "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES",
-                           "ROW_WARPS", "ROW_BITS", "ROW_CMP"})
+                           "ROW_WARPS", "ROW_BITS", "ROW_CMP", "ROW_BLOCK", "ROW_CAP"})
 
     def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
         def fits(ws):
@@ -315,10 +318,16 @@ class StableTopkLauncher(LauncherBase):
         return form if blocks >= k_out else "radix"
 
     def _row_form(self, flat: torch.Tensor, k_out: int, vals: torch.Tensor, idx: torch.Tensor) -> None:
-        """row_form.py's one launch into vals / idx [rows, k_out]; overrides ROW_WARPS, ROW_BITS
-        and ROW_CMP (picks compared at a time in the rank step) for sweeps."""
+        """row_form.py's one launch into vals / idx [rows, k_out]; overrides ROW_WARPS, ROW_BITS,
+        ROW_CMP (picks compared at a time in the rank step), ROW_BLOCK (1: no prefilter) and
+        ROW_CAP for sweeps."""
         rows, n = flat.shape
         kp = next_pow2(k_out)
+        np_ = max(next_pow2(n), 16)
+        block = self._pow2("ROW_BLOCK", ROW_BLOCK)
+        if block > np_ or cdiv(n, block) < k_out:  # the prefilter needs k block maxima
+            block = 1
+        cap = min(max(self._pow2("ROW_CAP", ROW_CAP), kp), np_)
         bits = self._overrides.get("ROW_BITS", ROW_BITS)
         require(isinstance(bits, int) and 1 <= bits <= 11,
                 f"StableTopk: ROW_BITS must be 1..11 (a histogram of 2^bits bins), got {bits!r}")
@@ -327,17 +336,20 @@ class StableTopkLauncher(LauncherBase):
         cmp_block = min(self._pow2("ROW_CMP", 16), kp)
 
         def fits(ws):
-            return ws["sel_key"].shape[0] >= rows and ws["sel_key"].shape[1] >= kp
+            return (ws["sel_key"].shape[0] >= rows and ws["sel_key"].shape[1] == kp
+                    and ws["cand_key"].shape[1] == cap)
 
         def make():
-            return {name: torch.empty(max(rows, 1), kp, dtype=torch.int32, device=flat.device)
-                    for name in ("sel_key", "sel_idx")}
+            r = max(rows, 1)
+            return {name: torch.empty(r, width, dtype=torch.int32, device=flat.device)
+                    for name, width in (("sel_key", kp), ("sel_idx", kp), ("cand_key", cap), ("cand_idx", cap))}
 
+        # the kernel's row strides are its constants KP and CAP: a workspace of other widths is replaced
         ws = self._reuse_or_make((flat.device, "row"), fits, make)
-        stride = ws["sel_key"].shape[1]
         row_topk_kernel[(rows,)](
-            flat, n, k_out, ws["sel_key"], ws["sel_idx"], vals, idx, KP=stride, NP=max(next_pow2(n), 16),
-            BITS=bits, CMP_BLOCK=cmp_block, num_warps=warps, **pdl_launch_args(flat.device, self._overrides))
+            flat, n, k_out, ws["sel_key"], ws["sel_idx"], ws["cand_key"], ws["cand_idx"], vals, idx, KP=kp, NP=np_,
+            BITS=bits, CMP_BLOCK=cmp_block, BLOCK=block, CAP=cap, num_warps=warps,
+            **pdl_launch_args(flat.device, self._overrides))
 
     def _block_max_form(self, flat: torch.Tensor, k_out: int, vals: torch.Tensor, idx: torch.Tensor,
                         passes: tuple, chunk: int, block: int, warps: int, rank: tuple[int, int]) -> None:

@@ -65,45 +65,85 @@ def _prefix_of_kth(key, ok, kk, N, BITS: tl.constexpr):
 
 
 @triton.jit
-def row_topk_kernel(scores_ptr, N, k, sel_key, sel_idx, vals_ptr, idx_ptr, KP: tl.constexpr,
-                    NP: tl.constexpr, BITS: tl.constexpr, CMP_BLOCK: tl.constexpr,
-                    PDL: tl.constexpr = False):
-    """Grid (rows,). scores [rows, N] (N <= NP) -> vals / idx [rows, k] (k = min(k, N), <= KP),
-    the stable sort's first k; sel_key / sel_idx [rows, KP]: the picks, unsorted (scratch)."""
-    wait_for_earlier_grids(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    n = tl.arange(0, NP)
-    ok = n < N
-    key = order_key32(tl.load(scores_ptr + row * N + n, mask=ok, other=0.0))
-    shift, prefix, k_rem = _prefix_of_kth(key, ok, k, N, BITS)
-    # step 3: the key bits above `shift` against the prefix (all bits when shift is 0; none, so
-    # every entry is at the prefix, when no pass ran because k >= N)
+def _picks_into(key, index, ok, k, count, sel_key, sel_idx, row, KP: tl.constexpr, BITS: tl.constexpr):
+    """Steps 2 and 3 over a set of entries (their keys, entry indices, mask; `count` of them, in
+    index order): their k best into sel_key / sel_idx[row, :k], unsorted."""
+    shift, prefix, k_rem = _prefix_of_kth(key, ok, k, count, BITS)
+    # the key bits above `shift` against the prefix (all bits when shift is 0; none, so every entry
+    # is at the prefix, when no pass ran because k >= count)
     adj = tl.minimum(shift, 1)
     hi = (key >> (shift - adj).to(tl.uint32)) >> adj.to(tl.uint32)
     gt = ok & (hi > prefix)
     eq = ok & (hi == prefix)
-    # one scan for both counts: a row has fewer than 2^16 entries, and fewer than k <= 2^13 above
-    # the prefix
+    # one scan for both counts: fewer than 2^16 entries, and fewer than k <= 2^13 above the prefix
     both = tl.cumsum(gt.to(tl.int32) * 65536 + eq.to(tl.int32), axis=0)
     slot = tl.where(gt, (both >> 16) - 1, k - k_rem + (both & 0xFFFF) - 1)
     put = gt | (eq & ((both & 0xFFFF) <= k_rem))
     tl.store(sel_key + row * KP + slot, key, mask=put)
-    tl.store(sel_idx + row * KP + slot, n, mask=put)
+    tl.store(sel_idx + row * KP + slot, index, mask=put)
+
+
+@triton.jit
+def row_topk_kernel(scores_ptr, N, k, sel_key, sel_idx, cand_key, cand_idx, vals_ptr, idx_ptr,
+                    KP: tl.constexpr, NP: tl.constexpr, BITS: tl.constexpr, CMP_BLOCK: tl.constexpr,
+                    BLOCK: tl.constexpr, CAP: tl.constexpr, PDL: tl.constexpr = False):
+    """Grid (rows,). scores [rows, N] (N <= NP) -> vals / idx [rows, k] (k = min(k, N), <= KP),
+    the stable sort's first k; sel_key / sel_idx [rows, KP]: the picks, unsorted, and cand_key /
+    cand_idx [rows, CAP]: the candidates (scratch). BLOCK > 1 (needs k <= cdiv(N, BLOCK)): the
+    digit passes first find T, the k-th best of the maxima of blocks of BLOCK entries, and run
+    again over the entries >= T only, when at most CAP (prefilter.py's bound, in one program);
+    BLOCK = 1, or more than CAP such entries: over the whole row."""
+    wait_for_earlier_grids(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    n = tl.arange(0, NP)
+    ok = n < N
+    key = tl.where(ok, order_key32(tl.load(scores_ptr + row * N + n, mask=ok, other=0.0)), 0)
+    if BLOCK > 1:
+        NB: tl.constexpr = NP // BLOCK
+        n_blocks = tl.cdiv(N, BLOCK)
+        top = tl.max(tl.reshape(key, [NB, BLOCK]), axis=1)  # masked entries' key 0 is below all
+        shift, prefix, _ = _prefix_of_kth(top, tl.arange(0, NB) < n_blocks, k, n_blocks, BITS)
+        # T: the smallest key with the prefix (at least k maxima, so k entries, are >= T)
+        adj = tl.minimum(shift, 1)
+        t = (prefix << (shift - adj).to(tl.uint32)) << adj.to(tl.uint32)
+        cand = ok & (key >= t)
+        count = tl.sum(cand.to(tl.int32), axis=0)
+        if count <= CAP:
+            pos = tl.cumsum(cand.to(tl.int32), axis=0) - 1  # index order
+            tl.store(cand_key + row * CAP + pos, key, mask=cand)
+            tl.store(cand_idx + row * CAP + pos, n, mask=cand)
+            tl.debug_barrier()  # the candidates are written (and visible to the program) before they are read
+            j = tl.arange(0, CAP)
+            there = j < count
+            _picks_into(_load_keys(cand_key + row * CAP + j, there),
+                        tl.load(cand_idx + row * CAP + j, mask=there, other=0, cache_modifier=".cg"),
+                        there, k, count, sel_key, sel_idx, row, KP, BITS)
+        else:
+            _picks_into(key, n, ok, k, N, sel_key, sel_idx, row, KP, BITS)
+    else:
+        _picks_into(key, n, ok, k, N, sel_key, sel_idx, row, KP, BITS)
     tl.debug_barrier()  # the picks are written (and visible to the whole program) before they are read
     # step 4
     r = tl.arange(0, KP)
     keep = r < k
-    mine = _rank_key(tl.load(sel_key + row * KP + r, mask=keep, other=0, cache_modifier=".cg"),
+    mine = _rank_key(_load_keys(sel_key + row * KP + r, keep),
                      tl.load(sel_idx + row * KP + r, mask=keep, other=0, cache_modifier=".cg"))
     place = tl.zeros([KP], dtype=tl.int32)
     for c in tl.range(0, k, CMP_BLOCK):
         j = c + tl.arange(0, CMP_BLOCK)
         there = j < k
-        other = _rank_key(tl.load(sel_key + row * KP + j, mask=there, other=0, cache_modifier=".cg"),
+        other = _rank_key(_load_keys(sel_key + row * KP + j, there),
                           tl.load(sel_idx + row * KP + j, mask=there, other=0, cache_modifier=".cg"))
         other = tl.where(there, other, 0)  # 0: below every pick
         place += tl.sum((other[None, :] > mine[:, None]).to(tl.int32), axis=1)
     write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, place, n_of(mine), keep)
+
+
+@triton.jit
+def _load_keys(ptr, mask):
+    """32-bit keys back from an int32 scratch row (0 where masked): unsigned, as order_key32 made
+    them (signed, their shifts and compares would not order them)."""
+    return tl.load(ptr, mask=mask, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True)
 
 
 @triton.jit
