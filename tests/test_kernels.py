@@ -792,7 +792,7 @@ def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block):
     scores, k = _block_max_cases(gen)[case]
     launcher = topk_kernel.StableTopkLauncher(overrides={"FORM": "prefilter", "BLOCK": block, "CHUNK": 256,
                                                          "RANK_BLOCK": 2})
-    assert launcher._form(scores.shape[-1], k, block, scores.shape[0]) == "prefilter"
+    assert launcher._form(scores.shape[-1], k, block, scores.shape[0]) == ("prefilter", block)
     want_v, want_i = topk_ref.stable_topk(scores, k)
     for _ in range(2):
         got_v, got_i = launcher(*_dev(scores), k)
@@ -824,6 +824,25 @@ def test_stable_topk_block_max_collect_forms_are_exact(gen, case, over):
         assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
 
 
+def test_stable_topk_default_takes_half_blocks_at_a_batch(gen):
+    """At SMALL_BLOCK_ROWS rows a row of 256 entries with k = 8 (16 blocks of 16, under 4k; 32 of
+    8) takes the block-max form over blocks of 8, as a listed pool of 16K does at k = 512, and
+    gives the stable sort's bits (ties, -inf, +inf)."""
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
+    from dsflash.plugins.stable_topk import reference as topk_ref
+
+    rows = topk_kernel.SMALL_BLOCK_ROWS
+    scores = torch.relu(torch.randn(rows, 256, generator=gen)).round(decimals=1)
+    scores[0, ::7] = float("-inf")
+    scores[-1, 3] = float("inf")
+    launcher = topk_kernel.StableTopkLauncher()
+    assert launcher._form(256, 8, topk_kernel.PREFILTER_BLOCK, rows) == ("prefilter", 8)
+    want_v, want_i = topk_ref.stable_topk(scores, 8)
+    for _ in range(2):
+        got_v, got_i = launcher(*_dev(scores), 8)
+        assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
+
+
 def test_stable_topk_block_max_launch_follows_the_rows():
     """One row collects from whole chunks and ranks 4 candidates per program; from 2 rows the
     collect reads the live blocks only, and the rank block grows once the launch would hold more
@@ -850,28 +869,33 @@ def test_stable_topk_lists_every_override_it_reads():
 
 def test_stable_topk_picks_its_form_by_blocks():
     """The block-max form serves rows of at least 4k blocks (a Full layer's 128K entries, one row
-    or many); a listed pool of 16K takes the row form from ROW_MIN_ROWS rows and the radix form on
-    fewer; a forced form it cannot serve (fewer than k blocks; a row over ROW_MAX_N entries or k
-    over ROW_MAX_K) falls back to the radix form; a bad FORM, BLOCK, CHUNK, COLLECT, LIVE_BLOCKS,
-    RANK_BLOCK, CMP_BLOCK, BM_CHUNK or TIES is refused before any launch, naming it."""
+    or many); a listed pool of 16K (1,024 blocks of 16, 2,048 of 8) takes the radix form on fewer
+    than SMALL_BLOCK_ROWS rows and the block-max form over blocks of 8 from there, unless BLOCK is
+    set; the row form serves only when asked for, on rows of up to ROW_MAX_N entries and k up to
+    ROW_MAX_K; a forced form it cannot serve (fewer than k blocks; a row too long for the row form)
+    falls back to the radix form; a bad FORM, BLOCK, CHUNK, COLLECT, LIVE_BLOCKS, RANK_BLOCK,
+    CMP_BLOCK, BM_CHUNK or TIES is refused before any launch, naming it."""
     from dsflash.plugins.stable_topk.kernel import (
         PREFILTER_BLOCK,
         ROW_MAX_K,
         ROW_MAX_N,
-        ROW_MIN_ROWS,
+        SMALL_BLOCK_ROWS,
         StableTopkLauncher,
     )
 
     auto, forced = StableTopkLauncher(), StableTopkLauncher(overrides={"FORM": "prefilter"})
     for rows in (1, 64):
-        assert auto._form(131072, 512, PREFILTER_BLOCK, rows) == auto._form(131072, 512, 8, rows) == "prefilter"
-    assert auto._form(16384, 512, 16, ROW_MIN_ROWS - 1) == "radix"  # 1,024 blocks < 4 x 512
-    assert auto._form(16384, 512, 16, ROW_MIN_ROWS) == auto._form(16384, 512, 16, 64) == "row"
-    assert auto._form(ROW_MAX_N + 1, 512, 16, 64) == "radix"
-    assert auto._form(ROW_MAX_N, ROW_MAX_K + 1, 2, 64) == "radix"
-    assert forced._form(4096, 512, 8, 1) == "prefilter" and forced._form(4000, 512, 8, 1) == "radix"
+        assert auto._form(131072, 512, PREFILTER_BLOCK, rows) == ("prefilter", PREFILTER_BLOCK)
+        assert auto._form(131072, 512, 8, rows) == ("prefilter", 8)
+    assert auto._form(16384, 512, 16, SMALL_BLOCK_ROWS - 1) == ("radix", 16)
+    assert auto._form(16384, 512, 16, SMALL_BLOCK_ROWS) == auto._form(16384, 512, 16, 64) == ("prefilter", 8)
+    assert auto._form(16000, 512, 16, 64) == ("radix", 16)  # 2,000 blocks of 8 < 4 x 512
+    sixteen = StableTopkLauncher(overrides={"BLOCK": 16})
+    assert sixteen._form(16384, 512, 16, 64) == ("radix", 16)
+    assert forced._form(4096, 512, 8, 1) == ("prefilter", 8) and forced._form(4000, 512, 8, 1) == ("radix", 8)
     row = StableTopkLauncher(overrides={"FORM": "row"})
-    assert row._form(300, 8, 16, 1) == "row" and row._form(ROW_MAX_N + 1, 8, 16, 64) == "radix"
+    assert row._form(300, 8, 16, 1) == ("row", 16) and row._form(ROW_MAX_N, ROW_MAX_K, 16, 64)[0] == "row"
+    assert row._form(ROW_MAX_N + 1, 8, 16, 64)[0] == row._form(ROW_MAX_N, ROW_MAX_K + 1, 16, 64)[0] == "radix"
     with pytest.raises(ValueError, match="FORM must be 'radix', 'prefilter' or 'row', got 'sort'"):
         StableTopkLauncher(overrides={"FORM": "sort"})._form(4096, 8, 8, 1)
     with pytest.raises(ValueError, match="CHUNK must be a power of two of at least 16, got 100"):

@@ -282,7 +282,8 @@ def decode_attention_inputs(gen, n=131072):
 
 
 TOPK_FORMS = {"radix": {"FORM": "radix"}, "prefilter": {"FORM": "prefilter"},
-              "prefilter, whole chunks": {"FORM": "prefilter", "COLLECT": "chunk"}, "row": {"FORM": "row"}}
+              "prefilter, whole chunks": {"FORM": "prefilter", "COLLECT": "chunk"}, "row": {"FORM": "row"},
+              "default": {}}
 
 
 @pytest.mark.parametrize("form", list(TOPK_FORMS))

@@ -40,7 +40,7 @@ def test_row_form_is_exact(gen, rows, n, k, bits, prefilter):
     over = ({"FORM": "row"} | ({"ROW_BITS": bits} if bits else {})
             | {"default": {}, "none": {"ROW_BLOCK": 1}, "tight": {"ROW_BLOCK": 2, "ROW_CAP": 16}}[prefilter])
     launcher = topk_kernel.StableTopkLauncher(overrides=over)
-    assert launcher._form(n, min(k, n), 16, rows) == "row"
+    assert launcher._form(n, min(k, n), 16, rows)[0] == "row"
     _check(launcher, scores, k)
 
 

@@ -75,15 +75,17 @@ from dsflash.plugins.stable_topk.row_form import row_topk_kernel
 DIGITS = (8, 8, 8, 8)
 # entries per block of the block-max form (prefilter.py; H200 sweep in _form)
 PREFILTER_BLOCK = 16
-# the row form (row_form.py): rows of up to ROW_MAX_N entries in one program of ROW_WARPS warps
-# (16 keys per thread at 32 warps, whose threads have at most 64 registers), k up to ROW_MAX_K (its
-# rank compares the k picks with each other in that one program), digits of ROW_BITS bits; by
-# default from ROW_MIN_ROWS rows (H200 sweep in _form)
+# rows short of 4k blocks of PREFILTER_BLOCK take the block-max form over blocks of half as many
+# from this many rows, where those are 4k (H200 sweeps in _form)
+SMALL_BLOCK_ROWS = 8
+# the row form (row_form.py, FORM="row" only): rows of up to ROW_MAX_N entries in one program of
+# ROW_WARPS warps (16 keys per thread at 32 warps, whose threads have at most 64 registers), k up to
+# ROW_MAX_K (its rank compares the k picks with each other in that one program), digits of ROW_BITS
+# bits
 ROW_MAX_N = 16384
 ROW_MAX_K = 2048
 ROW_WARPS = 32
 ROW_BITS = 5
-ROW_MIN_ROWS = 2
 # the row form's prefilter: blocks of ROW_BLOCK entries (1: none), candidates held up to ROW_CAP
 ROW_BLOCK = 16
 ROW_CAP = 2048
@@ -256,8 +258,7 @@ class StableTopkLauncher(LauncherBase):
         vals = torch.empty(rows, k_out, dtype=torch.float32, device=scores.device)
         idx = torch.empty(rows, k_out, dtype=torch.int64, device=scores.device)
         warps = self._overrides.get("num_warps", 4)
-        block = self._overrides.get("BLOCK", PREFILTER_BLOCK)
-        form = self._form(n, k_out, block, rows)
+        form, block = self._form(n, k_out, self._overrides.get("BLOCK", PREFILTER_BLOCK), rows)
         if form == "row":
             self._row_form(flat, k_out, vals, idx)
             return vals.view(*lead, k_out), idx.view(*lead, k_out)
@@ -290,32 +291,42 @@ class StableTopkLauncher(LauncherBase):
         require(is_pow2(value), f"StableTopk: {name} must be a power of two, got {value!r}")
         return value
 
-    def _form(self, n: int, k_out: int, block: int, rows: int) -> str:
-        """"radix", "prefilter" (prefilter.py) or "row" (row_form.py), the override FORM if given
-        (where the row does not suit the form asked for, the radix form). The row form holds a
-        row of up to ROW_MAX_N entries in one program, for k up to ROW_MAX_K; by default it serves
-        such rows from ROW_MIN_ROWS rows.
-        The block-max form needs at least k maxima; by default it serves rows of at least 4k blocks: with fewer, most
-        entries can lie above the k-th maximum, and the rank compares all of them with each other.
-        H200 sweep, k = 512, the index kernel's scores, graph replay (bench_layer_batch.py
-        --topk-blocks 8,16,32, 2026-12-04), us for 1 / 8 / 64 rows: 128K entries, radix 17.1 /
-        36.3 / 173.4, blocks of 8 13.7 / 23.7 / 105.4, of 16 13.4 / 24.1 / 99.3, of 32 13.4 /
-        23.0 / 96.5; a Reindex layer's listed pool of 16K (2,048 blocks of 8): radix 10.9 /
-        16.1 / 47.6, blocks of 8 12.6 / 14.8 / 41.2, of 32 (512 blocks, = k) 31.0 / 92.3 / 501.5."""
+    def _form(self, n: int, k_out: int, block: int, rows: int) -> tuple[str, int]:
+        """(form, block): "radix", "prefilter" (prefilter.py, over blocks of `block` entries) or
+        "row" (row_form.py), the override FORM if given (where the row does not suit the form asked
+        for, the radix form).
+
+        The block-max form needs at least k maxima; by default it serves rows of at least 4k blocks:
+        with fewer, most entries can lie above the k-th maximum, and the rank compares all of them
+        with each other. Rows short of 4k blocks of `block` that have 4k blocks of half as many
+        take that half block from SMALL_BLOCK_ROWS rows, unless BLOCK is set (a Reindex layer's
+        listed pool: 16K entries, 2,048 blocks of 8 for k = 512). H200 sweeps, k = 512, the index
+        kernel's scores, graph replay (bench_layer_batch.py --topk-blocks, us):
+        - 2026-12-04, for 1 / 8 / 64 rows: 128K entries, radix 17.1 / 36.3 / 173.4, blocks of 8
+          13.7 / 23.7 / 105.4, of 16 13.4 / 24.1 / 99.3, of 32 13.4 / 23.0 / 96.5; a listed pool of
+          16K: radix 10.9 / 16.1 / 47.6, blocks of 8 12.6 / 14.8 / 41.2, of 32 (512 blocks, = k)
+          31.0 / 92.3 / 501.5;
+        - 2026-12-06, a listed pool of 16K, for 1 / 4 / 16 / 64 / 128 rows: radix 10.9 / 12.0 /
+          24.5 / 43.8 / 71.0, blocks of 8 12.3 / 13.7 / 19.7 / 33.7 / 57.1.
+
+        The row form holds a row of up to ROW_MAX_N entries in one program, for k up to ROW_MAX_K;
+        it serves only when asked for (FORM="row"): H200, 2026-12-06, a listed pool of 16K, k = 512,
+        61-63 us at 1 to 128 rows (row_form.py)."""
         form = self._overrides.get("FORM")
         require(form in (None, "radix", "prefilter", "row"),
                 f"StableTopk: FORM must be 'radix', 'prefilter' or 'row', got {form!r}")
         require(2 <= block <= 512 and block & (block - 1) == 0,
                 f"StableTopk: BLOCK must be a power of two in 2..512, got {block}")
-        fits_row = n <= ROW_MAX_N and k_out <= ROW_MAX_K
+        if form == "row":
+            return ("row" if n <= ROW_MAX_N and k_out <= ROW_MAX_K else "radix"), block
         blocks = cdiv(n, block)
         if form is None:
-            if fits_row and rows >= ROW_MIN_ROWS:
-                return "row"
+            half = block // 2
+            if (blocks < 4 * k_out and "BLOCK" not in self._overrides and rows >= SMALL_BLOCK_ROWS and half >= 2
+                    and cdiv(n, half) >= 4 * k_out):
+                return "prefilter", half
             form = "prefilter" if blocks >= 4 * k_out else "radix"
-        if form == "row":
-            return "row" if fits_row else "radix"
-        return form if blocks >= k_out else "radix"
+        return (form if blocks >= k_out else "radix"), block
 
     def _row_form(self, flat: torch.Tensor, k_out: int, vals: torch.Tensor, idx: torch.Tensor) -> None:
         """row_form.py's one launch into vals / idx [rows, k_out]; overrides ROW_WARPS, ROW_BITS,
