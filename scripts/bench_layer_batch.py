@@ -26,7 +26,7 @@ on every case (a warning and `topk_exact: false` in the JSON if they differ).
 
     python scripts/bench_layer_batch.py --out gpu_out [--batches 1,8,32,64] [--contexts 131072]
     python scripts/bench_layer_batch.py --out gpu_out --batches 1,64 --topk-digits 8-8-8-8,4-4-8-8-8
-    python scripts/bench_layer_batch.py --out gpu_out --batches 1,64 --topk-rowform 32:5:16 --topk-kinds listed
+    python scripts/bench_layer_batch.py --out gpu_out --batches 4,16,64 --topk-blocks 8,16 --topk-kinds listed
     python scripts/bench_layer_batch.py --out gpu_out --batches 1,64 --fp4-configs 64:4:4:0,128:16:8:3
     python scripts/bench_layer_batch.py --out docs --plot-from gpu_out/bench_layer_batch.json  # any machine
 
@@ -77,8 +77,7 @@ from dsflash.plugins.csa2_index_score.pooled_fp4 import csa2_index_score_fp4_poo
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
 from dsflash.plugins.csa2_sparse_attention.entries_fp4 import csa2_entries_fp4
 from dsflash.plugins.launch import is_pow2
-from dsflash.plugins.launch import is_pow2
-from dsflash.plugins.stable_topk.kernel import ROW_BLOCK, StableTopkLauncher, digit_passes
+from dsflash.plugins.stable_topk.kernel import StableTopkLauncher, digit_passes
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
 log = logging.getLogger("bench_layer_batch")
@@ -238,7 +237,7 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
 
 
 def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = (), ranks: list[int] = (),
-                  firsts: list[int] = (), ties: bool = False, row_forms: list[tuple] = ()) -> dict:
+                  firsts: list[int] = (), ties: bool = False) -> dict:
     """Label -> StableTopkLauncher overrides: each chunk with 4 warps, 4 warps without the idle
     skip and 8 warps; each digit split (widths of the passes, most significant first) with the
     launcher's own chunk; with `blocks`, the radix form and the block-max form (prefilter.py) at
@@ -246,16 +245,8 @@ def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = ()
     reading the live blocks only, then the live collect under each rank block (candidates per rank
     program); with `firsts`, the block-max form's first launch at each count of blocks per program
     (BM_CHUNK: 16 blocks of 16 scores are 1 KB per program); with `ties`, its rank launch with the
-    entries tied at T written by programs of their own against by the rank programs; with
-    `row_forms` ((warps, digit bits, picks compared at a time, prefilter block) each), the radix
-    form, the block-max form at blocks of 8 and the row form (row_form.py: one program per row) at
-    each."""
-    out = {"radix form": {"FORM": "radix"}} if blocks or row_forms else {}
-    if row_forms:
-        out["block-max form, blocks of 8"] = {"FORM": "prefilter", "BLOCK": 8}
-    for warps, bits, cmp, block in row_forms:
-        out[f"row form, {warps} warps, {bits}-bit digits, {cmp} compared, blocks of {block}"] = {
-            "FORM": "row", "ROW_WARPS": warps, "ROW_BITS": bits, "ROW_CMP": cmp, "ROW_BLOCK": block}
+    entries tied at T written by programs of their own against by the rank programs."""
+    out = {"radix form": {"FORM": "radix"}} if blocks else {}
     if ranks:
         out["collect chunk"] = {"COLLECT": "chunk"}
         out["collect live"] = {"COLLECT": "live"}
@@ -291,25 +282,6 @@ def parse_overrides(text: str, known: frozenset = StableTopkLauncher.OVERRIDES, 
         if key not in known:
             raise ValueError(f"{option}: {key!r} is not a {what} override (one of {sorted(known)})")
         out[key] = int(value) if value.isdigit() else {"True": True, "False": False}.get(value, value)
-    return out
-
-
-def parse_row_forms(text: str) -> list[tuple]:
-    """--topk-rowform's 'WARPS:BITS:COMPARED[:BLOCK],...' as (warps, bits, compared, block)
-    tuples (block: the launcher's ROW_BLOCK when left out), or a ValueError naming the entry (warps
-    a power of two up to 32, bits 1..11, compared and block powers of two: what the row form
-    accepts)."""
-    out = []
-    for item in filter(None, text.split(",")):
-        parts = item.split(":")
-        if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts):
-            raise ValueError(f"--topk-rowform: {item!r} is not WARPS:BITS:COMPARED[:BLOCK]")
-        warps, bits, cmp, block = (*map(int, parts), ROW_BLOCK)[:4]
-        if (warps not in (1, 2, 4, 8, 16, 32) or not 1 <= bits <= 11 or not is_pow2(cmp)
-                or not is_pow2(block)):
-            raise ValueError(f"--topk-rowform: {item!r} needs warps a power of two up to 32, bits "
-                             "1..11, compared and block powers of two")
-        out.append((warps, bits, cmp, block))
     return out
 
 
@@ -576,9 +548,6 @@ def main() -> None:
     ap.add_argument("--topk-ties", action="store_true",
                     help="sweep the block-max form's rank launch: the ties at T in programs of their own "
                     "or in the rank programs")
-    ap.add_argument("--topk-rowform", default="",
-                    help="sweep the top-k's row form (one program per row; WARPS:BITS:COMPARED[:BLOCK],..., "
-                    "e.g. 32:5:16,32:8:16:1) against the radix and block-max forms")
     ap.add_argument("--topk-kinds", default="full,reindex,listed",
                     help="the scores the top-k sweeps run on (full, reindex: every entry of 'ctx'; listed: "
                     "a Reindex layer's listed pool)")
@@ -620,7 +589,6 @@ def main() -> None:
         for split in digits:
             digit_passes(split)  # widths 1..11 adding up to 32, or a ValueError naming them
         topk_over = parse_overrides(args.topk_over)
-        row_forms = parse_row_forms(args.topk_rowform)
         topk_kinds = tuple(filter(None, args.topk_kinds.split(",")))
         if not topk_kinds or set(topk_kinds) - {"full", "reindex", "listed"}:
             raise ValueError(f"--topk-kinds: {args.topk_kinds!r} is not a list of full, reindex, listed")
@@ -639,11 +607,10 @@ def main() -> None:
     topk_blocks = [int(b) for b in filter(None, args.topk_blocks.split(","))]
     topk_ranks = [int(r) for r in filter(None, args.topk_ranks.split(","))]
     topk_firsts = [int(f) for f in filter(None, args.topk_first.split(","))]
-    topk_sweeps = (args.topk_chunks or digits or topk_blocks or topk_ranks or topk_firsts or args.topk_ties
-                   or row_forms)
+    topk_sweeps = args.topk_chunks or digits or topk_blocks or topk_ranks or topk_firsts or args.topk_ties
     if topk_sweeps:
         chunks = [int(c) for c in filter(None, args.topk_chunks.split(","))]
-        settings = topk_settings(chunks, digits, topk_blocks, topk_ranks, topk_firsts, args.topk_ties, row_forms)
+        settings = topk_settings(chunks, digits, topk_blocks, topk_ranks, topk_firsts, args.topk_ties)
         res["topk_sweep_us"] = {f"batch {b} ctx {c}": topk_sweep(b, c, gen, settings, topk_kinds)
                                 for c in contexts for b in batches}
         (out / "topk_sweep.json").write_text(json.dumps(res, indent=1))

@@ -38,7 +38,7 @@ run_tests=1
 bench=1
 decode=1
 kernel_files="tests/test_kernels.py tests/test_kernels_gpu.py tests/test_qat_kernel.py"
-kernel_files="$kernel_files tests/test_attention_gluon_gpu.py tests/test_fp4_query_split.py tests/test_topk_row_form.py"
+kernel_files="$kernel_files tests/test_attention_gluon_gpu.py tests/test_fp4_query_split.py"
 # the quick files first: on a fresh machine (cold inductor caches) the runtime and compiled-step
 # files take minutes of compiles (session 30, an H100: tests/test_runtime_gpu.py ran 7 minutes
 # without finishing its tuned-compile test), so a time limit should stop those, not the AOT tests

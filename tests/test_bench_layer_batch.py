@@ -58,10 +58,6 @@ def test_layer_bytes_grow_with_the_batch_and_bound_the_speed_ups(bench):
     (["--topk-over", "TIES"], "--topk-over: 'TIES' is not KEY=VALUE"),
     (["--topk-over", "ties=chunk"], "--topk-over: 'ties' is not a top-k override"),
     (["--topk-over", "TIES="], "--topk-over: 'TIES=' is not KEY=VALUE"),
-    (["--topk-rowform", "32:5"], "--topk-rowform: '32:5' is not WARPS:BITS:COMPARED[:BLOCK]"),
-    (["--topk-rowform", "64:5:16"], "--topk-rowform: '64:5:16' needs warps a power of two up to 32"),
-    (["--topk-rowform", "32:12:16"], "--topk-rowform: '32:12:16' needs"),
-    (["--topk-rowform", "32:5:16:3"], "--topk-rowform: '32:5:16:3' needs"),
     (["--topk-kinds", "full,mask"], "--topk-kinds: 'full,mask' is not a list of full, reindex, listed"),
 ])
 def test_bad_sizes_are_refused_by_name(tmp_path, args, message):
@@ -113,13 +109,6 @@ def test_sweep_settings_spell_out_the_launches(bench):
     assert bench.topk_settings([], [], ties=True) == {
         "ties in programs of their own": {"FORM": "prefilter", "TIES": "chunk"},
         "ties in the rank programs": {"FORM": "prefilter", "TIES": "rank"}}
-    # --topk-rowform: the radix and block-max forms against each row-form setting
-    rows = bench.parse_row_forms("32:5:16,16:8:64:1")
-    assert rows == [(32, 5, 16, bench.ROW_BLOCK), (16, 8, 64, 1)]
-    assert bench.topk_settings([], [], row_forms=rows[1:]) == {
-        "radix form": {"FORM": "radix"}, "block-max form, blocks of 8": {"FORM": "prefilter", "BLOCK": 8},
-        "row form, 16 warps, 8-bit digits, 64 compared, blocks of 1": {
-            "FORM": "row", "ROW_WARPS": 16, "ROW_BITS": 8, "ROW_CMP": 64, "ROW_BLOCK": 1}}
     # --topk-over: the layer table's top-k launcher overrides
     assert bench.parse_overrides("TIES=chunk,RANK_BLOCK=16,PDL=False,num_warps=8") == {
         "TIES": "chunk", "RANK_BLOCK": 16, "PDL": False, "num_warps": 8}

@@ -282,8 +282,7 @@ def decode_attention_inputs(gen, n=131072):
 
 
 TOPK_FORMS = {"radix": {"FORM": "radix"}, "prefilter": {"FORM": "prefilter"},
-              "prefilter, whole chunks": {"FORM": "prefilter", "COLLECT": "chunk"}, "row": {"FORM": "row"},
-              "default": {}}
+              "prefilter, whole chunks": {"FORM": "prefilter", "COLLECT": "chunk"}, "default": {}}
 
 
 @pytest.mark.parametrize("form", list(TOPK_FORMS))
@@ -292,15 +291,14 @@ def test_workspace_kernels_under_graph_replay(gen, form):
     counters it clears itself): captured once as a CUDA graph, as the decode step is, and
     replayed on fresh inputs, each replay equals the reference (a counter left over or a stale
     partial shows up as a wrong replay); the top-k in both forms, the block-max one with either
-    collect launch (live blocks, whole chunks), the row form on rows of 16K (the largest it
-    serves)."""
+    collect launch (live blocks, whole chunks), and the launcher's own choice."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
     attn = attn_kernel.SparseAttentionLauncher()
     topk = topk_kernel.StableTopkLauncher(overrides=TOPK_FORMS[form])
     a_in = cuda(*decode_attention_inputs(gen))
-    n = 16384 if form == "row" else 131072
+    n = 131072
     s_in = torch.relu(torch.randn(2, n, device="cuda"))
     attn(*a_in), topk(s_in, 512)  # compile, allocate the workspaces
     torch.cuda.synchronize()
@@ -395,8 +393,8 @@ def test_stable_topk_flash_sizes(gen, rows, n, k, pdl, form):
     programmatic dependent launch (the default on sm_90) and without (64 rows of 16K: a Reindex
     layer's listed pools at a decode batch; 64 of 128K: Full layers'), in both forms (the
     block-max one falls back to the radix one where a row has fewer than k blocks; its collect
-    launch over the live blocks, the default, and over whole chunks; the row form on rows of up to
-    16K, the radix one on longer rows). A third of the zeros are -0.0, which tie with +0.0."""
+    launch over the live blocks, the default, and over whole chunks; the launcher's own choice,
+    blocks of 8 on the 16K rows from 16 rows). A third of the zeros are -0.0, which tie with +0.0."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 

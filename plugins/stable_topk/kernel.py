@@ -67,7 +67,6 @@ from dsflash.plugins.stable_topk.prefilter import (
     prefilter_rank_kernel,
 )
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
-from dsflash.plugins.stable_topk.row_form import row_topk_kernel
 
 # digit widths of the passes over the 32-bit key, most significant first (the launch default;
 # `DIGITS` in the overrides for a sweep). Up to 11 bits: the last program's histogram arithmetic
@@ -76,19 +75,8 @@ DIGITS = (8, 8, 8, 8)
 # entries per block of the block-max form (prefilter.py; H200 sweep in _form)
 PREFILTER_BLOCK = 16
 # rows short of 4k blocks of PREFILTER_BLOCK take the block-max form over blocks of half as many
-# from this many rows, where those are 4k (H200 sweeps in _form)
-SMALL_BLOCK_ROWS = 8
-# the row form (row_form.py, FORM="row" only): rows of up to ROW_MAX_N entries in one program of
-# ROW_WARPS warps (16 keys per thread at 32 warps, whose threads have at most 64 registers), k up to
-# ROW_MAX_K (its rank compares the k picks with each other in that one program), digits of ROW_BITS
-# bits
-ROW_MAX_N = 16384
-ROW_MAX_K = 2048
-ROW_WARPS = 32
-ROW_BITS = 5
-# the row form's prefilter: blocks of ROW_BLOCK entries (1: none), candidates held up to ROW_CAP
-ROW_BLOCK = 16
-ROW_CAP = 2048
+# from this many rows, where those are 4k (H200 and H100 sweeps in _form)
+SMALL_BLOCK_ROWS = 16
 
 
 def digit_passes(digits: tuple) -> tuple:
@@ -198,14 +186,12 @@ class StableTopkLauncher(LauncherBase):
     (False: plain launches), SKIP_IDLE (False: every program of a digit pass builds its histogram);
     the block-max form's FORM, BLOCK, COLLECT ('live' or 'chunk'), LIVE_BLOCKS (live blocks read
     per step of the live collect), BM_CHUNK (blocks per program of its first launch) and TIES
-    ('chunk' or 'rank': which programs of the rank launch write the entries tied at T); the row
-    form's ROW_WARPS, ROW_BITS, ROW_CMP, ROW_BLOCK and ROW_CAP."""
+    ('chunk' or 'rank': which programs of the rank launch write the entries tied at T)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
     # the override names the launcher reads (the docstring's list), for callers that check theirs
     OVERRIDES = frozenset({"DIGITS", "CHUNK", "num_warps", "MAX_K", "RANK_BLOCK", "CMP_BLOCK", "PDL", "SKIP_IDLE",
-                           "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES",
-                           "ROW_WARPS", "ROW_BITS", "ROW_CMP", "ROW_BLOCK", "ROW_CAP"})
+                           "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES"})
 
     def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
         def fits(ws):
@@ -259,9 +245,6 @@ class StableTopkLauncher(LauncherBase):
         idx = torch.empty(rows, k_out, dtype=torch.int64, device=scores.device)
         warps = self._overrides.get("num_warps", 4)
         form, block = self._form(n, k_out, self._overrides.get("BLOCK", PREFILTER_BLOCK), rows)
-        if form == "row":
-            self._row_form(flat, k_out, vals, idx)
-            return vals.view(*lead, k_out), idx.view(*lead, k_out)
         if form == "prefilter":
             self._block_max_form(flat, k_out, vals, idx, passes, chunk, block, warps, (rank_block, cmp_block))
             return vals.view(*lead, k_out), idx.view(*lead, k_out)
@@ -292,33 +275,35 @@ class StableTopkLauncher(LauncherBase):
         return value
 
     def _form(self, n: int, k_out: int, block: int, rows: int) -> tuple[str, int]:
-        """(form, block): "radix", "prefilter" (prefilter.py, over blocks of `block` entries) or
-        "row" (row_form.py), the override FORM if given (where the row does not suit the form asked
-        for, the radix form).
+        """(form, block): "radix" or "prefilter" (prefilter.py, over blocks of `block` entries),
+        the override FORM if given.
 
         The block-max form needs at least k maxima; by default it serves rows of at least 4k blocks:
         with fewer, most entries can lie above the k-th maximum, and the rank compares all of them
         with each other. Rows short of 4k blocks of `block` that have 4k blocks of half as many
         take that half block from SMALL_BLOCK_ROWS rows, unless BLOCK is set (a Reindex layer's
-        listed pool: 16K entries, 2,048 blocks of 8 for k = 512). H200 sweeps, k = 512, the index
+        listed pool: 16K entries, 2,048 blocks of 8 for k = 512). Sweeps, k = 512, the index
         kernel's scores, graph replay (bench_layer_batch.py --topk-blocks, us):
-        - 2026-12-04, for 1 / 8 / 64 rows: 128K entries, radix 17.1 / 36.3 / 173.4, blocks of 8
-          13.7 / 23.7 / 105.4, of 16 13.4 / 24.1 / 99.3, of 32 13.4 / 23.0 / 96.5; a listed pool of
-          16K: radix 10.9 / 16.1 / 47.6, blocks of 8 12.6 / 14.8 / 41.2, of 32 (512 blocks, = k)
+        - H200, 2026-12-04, for 1 / 8 / 64 rows: 128K entries, radix 17.1 / 36.3 / 173.4, blocks of
+          8 13.7 / 23.7 / 105.4, of 16 13.4 / 24.1 / 99.3, of 32 13.4 / 23.0 / 96.5; a listed pool
+          of 16K: radix 10.9 / 16.1 / 47.6, blocks of 8 12.6 / 14.8 / 41.2, of 32 (512 blocks, = k)
           31.0 / 92.3 / 501.5;
-        - 2026-12-06, a listed pool of 16K, for 1 / 4 / 16 / 64 / 128 rows: radix 10.9 / 12.0 /
-          24.5 / 43.8 / 71.0, blocks of 8 12.3 / 13.7 / 19.7 / 33.7 / 57.1.
+        - a listed pool of 16K, 2026-12-06: H200 for 1 / 4 / 16 / 64 / 128 rows, radix 10.9 / 12.0
+          / 24.5 / 43.8 / 71.0, blocks of 8 12.3 / 13.7 / 19.7 / 33.7 / 57.1; H100 for 4 / 8 / 16
+          / 64 rows, radix 12.2 / 13.9 / 24.6 / 43.4, blocks of 8 13.8 / 15.3 / 19.6 / 33.5, of 16
+          14.2 / 16.5 / 20.5 / 34.5. At 8 rows the cards disagree: from 16 both gain.
 
-        The row form holds a row of up to ROW_MAX_N entries in one program, for k up to ROW_MAX_K;
-        it serves only when asked for (FORM="row"): H200, 2026-12-06, a listed pool of 16K, k = 512,
-        61-63 us at 1 to 128 rows (row_form.py)."""
+        Measured and dropped (session 37, commits 03dc5e2-d8a0cab): a row form, one program per
+        row of up to 16K entries doing the whole select in registers (the block-max bound, digit
+        passes over the maxima and then over the candidates, a rank of the k picks against each
+        other). Exact, and 61-63 us flat on the H200 at 1-128 rows of a listed pool; on an H100 at
+        64 rows: load 1.2 us, maxima and their passes 8.6, the candidates' scan over 16K entries
+        13.7, their passes 5.5, the rank 32.5 (docs/benchmarks.md, session 37)."""
         form = self._overrides.get("FORM")
-        require(form in (None, "radix", "prefilter", "row"),
-                f"StableTopk: FORM must be 'radix', 'prefilter' or 'row', got {form!r}")
+        require(form in (None, "radix", "prefilter"),
+                f"StableTopk: FORM must be 'radix' or 'prefilter', got {form!r}")
         require(2 <= block <= 512 and block & (block - 1) == 0,
                 f"StableTopk: BLOCK must be a power of two in 2..512, got {block}")
-        if form == "row":
-            return ("row" if n <= ROW_MAX_N and k_out <= ROW_MAX_K else "radix"), block
         blocks = cdiv(n, block)
         if form is None:
             half = block // 2
@@ -327,40 +312,6 @@ class StableTopkLauncher(LauncherBase):
                 return "prefilter", half
             form = "prefilter" if blocks >= 4 * k_out else "radix"
         return (form if blocks >= k_out else "radix"), block
-
-    def _row_form(self, flat: torch.Tensor, k_out: int, vals: torch.Tensor, idx: torch.Tensor) -> None:
-        """row_form.py's one launch into vals / idx [rows, k_out]; overrides ROW_WARPS, ROW_BITS,
-        ROW_CMP (picks compared at a time in the rank step), ROW_BLOCK (1: no prefilter) and
-        ROW_CAP for sweeps."""
-        rows, n = flat.shape
-        kp = next_pow2(k_out)
-        np_ = max(next_pow2(n), 16)
-        block = self._pow2("ROW_BLOCK", ROW_BLOCK)
-        if block > np_ or cdiv(n, block) < k_out:  # the prefilter needs k block maxima
-            block = 1
-        cap = min(max(self._pow2("ROW_CAP", ROW_CAP), kp), np_)
-        bits = self._overrides.get("ROW_BITS", ROW_BITS)
-        require(isinstance(bits, int) and 1 <= bits <= 11,
-                f"StableTopk: ROW_BITS must be 1..11 (a histogram of 2^bits bins), got {bits!r}")
-        warps = self._pow2("ROW_WARPS", ROW_WARPS)
-        require(warps <= 32, f"StableTopk: ROW_WARPS must be at most 32 (1,024 threads), got {warps}")
-        cmp_block = min(self._pow2("ROW_CMP", 16), kp)
-
-        def fits(ws):
-            return (ws["sel_key"].shape[0] >= rows and ws["sel_key"].shape[1] == kp
-                    and ws["cand_key"].shape[1] == cap)
-
-        def make():
-            r = max(rows, 1)
-            return {name: torch.empty(r, width, dtype=torch.int32, device=flat.device)
-                    for name, width in (("sel_key", kp), ("sel_idx", kp), ("cand_key", cap), ("cand_idx", cap))}
-
-        # the kernel's row strides are its constants KP and CAP: a workspace of other widths is replaced
-        ws = self._reuse_or_make((flat.device, "row"), fits, make)
-        row_topk_kernel[(rows,)](
-            flat, n, k_out, ws["sel_key"], ws["sel_idx"], ws["cand_key"], ws["cand_idx"], vals, idx, KP=kp, NP=np_,
-            BITS=bits, CMP_BLOCK=cmp_block, BLOCK=block, CAP=cap, num_warps=warps,
-            **pdl_launch_args(flat.device, self._overrides))
 
     def _block_max_form(self, flat: torch.Tensor, k_out: int, vals: torch.Tensor, idx: torch.Tensor,
                         passes: tuple, chunk: int, block: int, warps: int, rank: tuple[int, int]) -> None:
