@@ -363,8 +363,8 @@ def parse_fp4_configs(text: str) -> list[dict]:
     """'BLOCK_N:BLOCKS:num_warps:STAGES[:b][:s|:n][:rREGS]' entries, comma-separated (b: one exponent
     byte per load instead of the 32-bit words; s / n: LO_SKIP on / off in both kernels, the lo
     products skipped on rows without a lo part (the defaults: off in the mask kernel, on in the
-    listed one); rREGS: ptxas's register cap per thread, maxnreg), or 'decode' (the decode path,
-    for comparison)."""
+    listed one); rREGS: ptxas's register cap per thread, maxnreg, r0 none: the listed kernel's
+    default is 128), or 'decode' (the decode path, for comparison)."""
     configs = []
     for item in filter(None, text.split(",")):
         if item == "decode":  # the exact decode to bf16 keys (kernel.py), for comparison
@@ -379,7 +379,7 @@ def parse_fp4_configs(text: str) -> list[dict]:
         block_n, blocks, warps, stages = map(int, parts[:4])
         cfg = {"BLOCK_N": block_n, "BLOCKS": blocks, "num_warps": warps, "STAGES": stages}
         for flag in flags:
-            cfg |= FP4_FLAGS.get(flag) or {"maxnreg": int(flag[1:])}
+            cfg |= FP4_FLAGS.get(flag) or {"maxnreg": int(flag[1:]) or None}
         configs.append(cfg)
     return configs
 

@@ -148,7 +148,8 @@ def test_index_score_fp4_pooled_kernel(gen, b, s, i, j, n, p, over):
 def test_pooled_fp4_launch_rule(monkeypatch):
     """One row of a 16K-slot pool: the branch launch; from a program per SM the pipelined loop in
     the longest runs that leave 4 programs per SM (132 SMs: runs of 4 blocks at 8 and 32 rows, 8 at
-    64, 16 at 128); on the CPU the branch launch."""
+    64, 16 at 128), under a 128-register cap (4 programs fit an SM, not 3); on the CPU the branch
+    launch."""
     from types import SimpleNamespace
 
     from dsflash.plugins.csa2_index_score.pooled_fp4 import pooled_fp4_config
@@ -159,6 +160,7 @@ def test_pooled_fp4_launch_rule(monkeypatch):
     assert runs[1] == {"BLOCK_N": 64, "BLOCKS": 4, "STAGES": 0, "num_warps": 4}
     assert [(runs[r]["BLOCK_N"], runs[r]["BLOCKS"], runs[r]["STAGES"]) for r in (8, 32, 64, 128)] == [
         (128, 4, 3), (128, 4, 3), (128, 8, 3), (128, 16, 3)]
+    assert all(runs[r]["maxnreg"] == 128 for r in (8, 32, 64, 128))  # 4 programs per SM, not 3
 
 
 @pytest.mark.parametrize("n,size,chunk", [(300, 200, 64), (300, 40, 128), (5, 9, 16), (1000, 1000, 256),

@@ -104,7 +104,7 @@ def csa2_index_score_fp4_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes
     tensor-core products need bf16 queries (fp32 under the Triton interpreter, which cannot
     multiply bf16) and a power-of-two head count of 16 or more. Launch settings from
     pooled_fp4_config; `overrides` replaces them (BLOCK_N, BLOCKS, STAGES, EXP_WORDS, LO_SKIP,
-    num_warps, PDL: benchmarks, tests)."""
+    num_warps, maxnreg, PDL: benchmarks, tests)."""
     op = "Csa2IndexScore(fp4, pooled)"
     n, p = _check_listed(op, q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP)
     b, s, heads, j = q_BSIJ.shape
@@ -177,7 +177,15 @@ def pooled_fp4_config(rows: int, p: int, device: torch.device) -> dict:
     fp4_mma_config's runs over contiguous entries). H200 sweep, 16,384 slots a row
     (bench_layer_batch.py --fp4-configs, 2026-12-04), us: 8 rows: runs of 4 11.4, 8 15.1, 16 23.8,
     the branch 12.3; 64 rows: runs of 8 64.0, 4 67.4, 16 71.8, 64-slot blocks in runs of 16 64.6,
-    the branch 84.4, 2 stages 79.9, 8 warps 67.7."""
+    the branch 84.4, 2 stages 79.9, 8 warps 67.7.
+
+    The pipelined loop runs under a cap of 128 registers per thread (maxnreg): its 167 registers
+    let an SM hold 3 programs of 128 threads, 128 let it hold 4. The sm_90 compile spills nothing
+    under the cap, at any run length (STACK 0). H100, 2026-12-06 (bench_layer_batch.py
+    --fp4-configs, runs of 16, every config's scores equal to the default's), us: 64 rows 55.8 capped
+    against 71.4; 8 rows 22.0 against 21.9 (too few programs for the SM's slots to matter, so a
+    program's own time is unchanged). The runs of 4 and 8 chosen below were not timed under the
+    cap (docs/benchmarks.md, session 37)."""
     branch = {"BLOCK_N": 64, "BLOCKS": 4, "STAGES": 0, "num_warps": 4}
     if device.type != "cuda":
         return branch
@@ -185,4 +193,4 @@ def pooled_fp4_config(rows: int, p: int, device: torch.device) -> dict:
     if rows * cdiv(p, branch["BLOCK_N"] * branch["BLOCKS"]) < sms:
         return branch
     blocks = next((n for n in (16, 8) if rows * cdiv(p, 128 * n) >= 4 * sms), 4)
-    return {"BLOCK_N": 128, "BLOCKS": blocks, "STAGES": 3, "num_warps": 4}
+    return {"BLOCK_N": 128, "BLOCKS": blocks, "STAGES": 3, "num_warps": 4, "maxnreg": 128}
