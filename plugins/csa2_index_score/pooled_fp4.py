@@ -169,28 +169,46 @@ def listed_fp4_scores(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: torc
     return scores.view(b, s, p)
 
 
+# A wave of the pipelined launch (4 programs on each SM) in runs of 4, 8 and 16 blocks, relative
+# to runs of 4: H100 sweep under the register cap (16,384 slots a row, 2026-12-06), full waves
+# of 4 ~16.5 us, 8 ~29, 16 ~53; longer runs do more work per us but fill fewer waves.
+_WAVE_COST = {4: 1.0, 8: 1.76, 16: 3.2}
+# a part-filled last wave costs this much of a full one, plus the rest in proportion to its fill
+# (same sweep: runs of 16 at 0.36 / 0.48 / 0.73 / 0.97 of a wave took 0.57 / 0.64 / 0.83 / 1.0
+# of a full wave's time: the fewer programs share the memory bandwidth)
+_TAIL_FLOOR = 0.35
+
+
+def _wave_estimate(programs: int, slots: int, blocks: int) -> float:
+    """Time of `programs` launched `slots` at once in runs of `blocks`, in full waves of runs of 4."""
+    full, tail = divmod(programs, slots)
+    return _WAVE_COST[blocks] * (full + (_TAIL_FLOOR + (1 - _TAIL_FLOOR) * tail / slots if tail else 0))
+
+
 def pooled_fp4_config(rows: int, p: int, device: torch.device) -> dict:
     """Launch settings for `rows` lists of p slots. Under one program per SM with 4 blocks of 64
     slots each (one row): those, with the branch that skips empty blocks. Otherwise the pipelined
-    loop over 128-slot blocks (3 stages, 4 warps), in runs of 16, 8 or 4 blocks: the longest that
-    still gives 4 programs per SM (the gathered codes need more programs in flight than
-    fp4_mma_config's runs over contiguous entries). H200 sweep, 16,384 slots a row
-    (bench_layer_batch.py --fp4-configs, 2026-12-04), us: 8 rows: runs of 4 11.4, 8 15.1, 16 23.8,
-    the branch 12.3; 64 rows: runs of 8 64.0, 4 67.4, 16 71.8, 64-slot blocks in runs of 16 64.6,
-    the branch 84.4, 2 stages 79.9, 8 warps 67.7.
+    loop over 128-slot blocks (3 stages, 4 warps), under a cap of 128 registers per thread, in the
+    runs of 16, 8 or 4 blocks that _wave_estimate rates fastest (ties to the longer run).
 
-    The pipelined loop runs under a cap of 128 registers per thread (maxnreg): its 167 registers
-    let an SM hold 3 programs of 128 threads, 128 let it hold 4. The sm_90 compile spills nothing
-    under the cap, at any run length (STACK 0). H100, 2026-12-06 (bench_layer_batch.py
-    --fp4-configs, runs of 16, every config's scores equal to the default's), us: 64 rows 55.8 capped
-    against 71.4; 8 rows 22.0 against 21.9 (too few programs for the SM's slots to matter, so a
-    program's own time is unchanged). The runs of 4 and 8 chosen below were not timed under the
-    cap (docs/benchmarks.md, session 37)."""
+    The cap (maxnreg): the loop's 167 registers let an SM hold 3 programs of 128 threads, 128 let
+    it hold 4; the sm_90 compile spills nothing under it at any run length (STACK 0). H100,
+    2026-12-06, runs of 16: 64 rows 55.8 us capped against 71.4; 8 rows 22.0 against 21.9 (too few
+    programs for the SM's slots to matter).
+
+    The runs: a wave is 4 programs per SM; a run of n blocks is one program, so longer runs make
+    fewer programs, each doing more. H100 sweep under the cap (bench_layer_batch.py --fp4-configs,
+    16,384 slots a row, 2026-12-06; every config's scores equal to the default's), us for runs of
+    4 / 8 / 16: 8 rows 11.5 / 14.7 / 22.0; 16 rows 17.3 / 17.8 / 24.6; 24 rows 28.5 / 23.5 / 30.2;
+    32 rows 34.4 / 31.1 / 33.7; 48 rows 49.5 / 52.3 / 44.2; 64 rows 63.8 / 58.4 / 55.3; 96 rows
+    91.5 / 84.1 / 95.6; 128 rows 118.9 / 109.7 / 104.4. The estimate picks the fastest at each.
+    The earlier rule (the longest run leaving 4 programs per SM) lost 3-11 us at 32, 48, 64 and
+    96 rows (docs/benchmarks.md, session 38)."""
     branch = {"BLOCK_N": 64, "BLOCKS": 4, "STAGES": 0, "num_warps": 4}
     if device.type != "cuda":
         return branch
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     if rows * cdiv(p, branch["BLOCK_N"] * branch["BLOCKS"]) < sms:
         return branch
-    blocks = next((n for n in (16, 8) if rows * cdiv(p, 128 * n) >= 4 * sms), 4)
+    blocks = min((16, 8, 4), key=lambda n: _wave_estimate(rows * cdiv(p, 128 * n), 4 * sms, n))
     return {"BLOCK_N": 128, "BLOCKS": blocks, "STAGES": 3, "num_warps": 4, "maxnreg": 128}
