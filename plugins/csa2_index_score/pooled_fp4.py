@@ -58,7 +58,8 @@ def csa2_index_score_fp4_pooled_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, entrie
     multiplied), as fp4_mma.py's batch launch. LO_SKIP (default): a row whose query split has no lo
     part (kv_qat's queries, as the model makes them) runs a copy of the loop without the lo
     products (H200, 2026-12-06, kv_qat queries, 16K listed entries per row: 68.4 against 71.9 us at
-    64 rows, 21.9 against 23.1 at 8; 167 registers per thread either way). Measured and dropped
+    64 rows, 21.9 against 23.1 at 8; 129-132 registers per thread either way, so 3 programs per SM:
+    the offline sm_90 compile of session 38 with int32 ids and word exponents). Measured and dropped
     (session 36): the run's ids loaded before the loop, each block's taken out in registers, so
     that no code copy waits on the newest id copy (the TTGIR's async_wait of 0): 86.6 against
     65.0 us at 64 rows (H100), a cross-warp reduction per block costing more than it hid."""
@@ -191,10 +192,14 @@ def pooled_fp4_config(rows: int, p: int, device: torch.device) -> dict:
     loop over 128-slot blocks (3 stages, 4 warps), under a cap of 128 registers per thread, in the
     runs of 16, 8 or 4 blocks that _wave_estimate rates fastest (ties to the longer run).
 
-    The cap (maxnreg): the loop's 167 registers let an SM hold 3 programs of 128 threads, 128 let
-    it hold 4; the sm_90 compile spills nothing under it at any run length (STACK 0). H100,
-    2026-12-06, runs of 16: 64 rows 55.8 us capped against 71.4; 8 rows 22.0 against 21.9 (too few
-    programs for the SM's slots to matter).
+    The cap (maxnreg): uncapped, the sm_90 compile (ptxas 12.8, offline, 32 heads x 128, one query
+    row per batch item) takes 129 registers per thread with int32 ids, 133 with int64 ids and 167
+    with byte exponents (EXP_WORDS off), so an SM holds 3 programs of 128 threads; at 128 it holds
+    4, and the compile spills nothing (STACK 0) at runs of 4, 8 or 16. H100, 2026-12-06: never
+    slower, 9-23% faster wherever over 3 programs per SM run (runs of 16 at 64 rows 55.1 us
+    against 71.2). Caps that would fit 5 or 6 programs spill (96 registers: 104 B a thread, 80:
+    more) and were slower at every run and row count swept (runs of 16 at 64 rows: 60.8 / 103.9
+    us; docs/benchmarks.md, session 38).
 
     The runs: a wave is 4 programs per SM; a run of n blocks is one program, so longer runs make
     fewer programs, each doing more. H100 sweep under the cap (bench_layer_batch.py --fp4-configs,
