@@ -100,7 +100,7 @@ ANCHORS = (
     _after(f"{I8}mbarrier.arrive(p_ready.index(pb), count=1)\n", f"{I8}_tick(tb_ptr, part, 2, i)",
            f"{I4}_stamp(tb_ptr, part, 3)"),
     # the accumulating partition
-    _before(f"{I4}# both first", f"{I4}_stamp(tb_ptr, part, 4)"),
+    _before(f"{I4}# the first blocks' addresses", f"{I4}_stamp(tb_ptr, part, 4)"),
     _after(f"{I4}acc = gl.zeros([H, D], gl.float32, layout=o_layout)\n", f"{I4}_stamp(tb_ptr, part, 5)"),
     (WAIT_P + WAIT_KV, WAIT_P + _lines(f"{I8}if i == 0:", f"{I12}_stamp(tb_ptr, part, 6)") + WAIT_KV
      + _lines(f"{I8}_tick(tb_ptr, part, 3, i)")),

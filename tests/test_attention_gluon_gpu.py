@@ -62,6 +62,35 @@ def test_gluon_attention_several_sequences_ragged(gen, k, t, dtype):
                           f"gluon attention, {b} sequences, {k} picks, window {t}")
 
 
+@pytest.mark.parametrize("keys,stages", [(32, 2), (32, 3), (32, 4)])
+@pytest.mark.parametrize("s,n_split", [(3, None), (20, None), (67, 1)])
+def test_gluon_attention_in_more_smaller_stages(gen, keys, stages, s, n_split):
+    """GLUON_KB / GLUON_STAGES: 32-key blocks in 2-4 stages (the prologue starts that many
+    gathers; splits shorter than the stages start fewer), split (3 and 20 rows) and unsplit (67
+    rows, the result staged through the key stages)."""
+    args = attention_inputs(gen, s)
+    poison_allocator()
+    over = GLUON | {"GLUON_KB": keys, "GLUON_STAGES": stages}
+    got = attn_kernel.SparseAttentionLauncher(overrides=over)(*cuda(*args), n_split=n_split)
+    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16,
+                          f"gluon attention, {keys}-key blocks x {stages} stages, {s} rows")
+
+
+def test_gluon_attention_four_stages_ragged(gen):
+    """32-key blocks in 4 stages over sequences of their own entries: key lists ending inside a
+    block, ids of -1, a window of 70 keys, fp16."""
+    b, s, n, d, k, t = 4, 2, 3001, 512, 200, 70
+    q = torch.randn(b, s, 64, d, generator=gen).half()
+    kv = torch.randn(b, n, d, generator=gen).half()
+    args = (q, kv, torch.randint(-1, n, (b, s, k), generator=gen), torch.randn(b, t, d, generator=gen).half(),
+            torch.rand(b, s, t, generator=gen) > 0.3, torch.randn(64, generator=gen), d ** -0.5)
+    poison_allocator()
+    over = GLUON | {"GLUON_KB": 32, "GLUON_STAGES": 4}
+    got = attn_kernel.SparseAttentionLauncher(overrides=over)(*cuda(*args))
+    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, torch.float16,
+                          "gluon attention, 32-key blocks x 4 stages, ragged")
+
+
 def test_gluon_attention_smaller_heads_dim(gen):
     """head_dim 256: each warpgroup's half of the accumulator is 128 columns."""
     b, s, n, d, t = 2, 5, 900, 256, 40

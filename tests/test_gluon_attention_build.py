@@ -25,33 +25,46 @@ import json, sys
 import torch
 from dsflash.plugins.csa2_sparse_attention.gluon_batch import compile_sm90
 split, dim, dtype, out = sys.argv[1] == "1", int(sys.argv[2]), getattr(torch, sys.argv[3]), sys.argv[4]
-c = compile_sm90(split, dim, dtype)
+keys, stages = int(sys.argv[5]), int(sys.argv[6])
+c = compile_sm90(split, dim, dtype, block_keys=keys, stages=stages)
 open(out + ".ptx", "w").write(c.asm["ptx"])
 json.dump({"num_warps": c.metadata.num_warps, "shared": c.metadata.shared}, open(out + ".json", "w"))
 """
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("split,dim,dtype", [(True, 512, "bfloat16"), (False, 512, "bfloat16"),
-                                             (True, 256, "float16"), (False, 64, "float16"),
-                                             (True, 64, "bfloat16")])
-def test_gluon_attention_builds_as_designed(tmp_path, split, dim, dtype):
+@pytest.mark.parametrize("split,dim,dtype,keys,stages", [
+    (True, 512, "bfloat16", 64, 2), (False, 512, "bfloat16", 64, 2), (True, 256, "float16", 64, 2),
+    (False, 64, "float16", 64, 2), (True, 64, "bfloat16", 64, 2),
+    # GLUON_KB / GLUON_STAGES: 32-key blocks in 3 and 4 stages at the released sizes
+    (False, 512, "bfloat16", 32, 4), (True, 512, "bfloat16", 32, 3)])
+def test_gluon_attention_builds_as_designed(tmp_path, split, dim, dtype, keys, stages):
+    import torch
+
+    from dsflash.plugins.csa2_sparse_attention.kernel import gluon_shared_bytes
+
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "kernel"
-    run = subprocess.run([sys.executable, "-c", COMPILE, "1" if split else "0", str(dim), dtype, str(out)],
-                         env=env, capture_output=True, text=True, timeout=300, check=False)
+    run = subprocess.run([sys.executable, "-c", COMPILE, "1" if split else "0", str(dim), dtype, str(out),
+                          str(keys), str(stages)], env=env, capture_output=True, text=True, timeout=300,
+                         check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     meta = json.loads((tmp_path / "kernel.json").read_text())
     ptx = (tmp_path / "kernel.ptx").read_text()
     assert meta["num_warps"] == 12  # 8 accumulating + the softmax warpgroup
     assert meta["shared"] <= SM90_SHARED_PER_BLOCK
+    # the launcher's count (which refuses settings over the limit) holds what the compile takes
+    counted = gluon_shared_bytes(64, dim, getattr(torch, dtype).itemsize, keys, stages)
+    # (the count allows 1 KB of compiler scratch; the split form leaves out the 0.5 KB of statistics)
+    assert counted - 2048 <= meta["shared"] <= counted
     assert ".maxnreg 168" in ptx
-    # the logits once, 64 keys wide, 16 dims a step; p V in halves of the dims per warpgroup
+    # the logits once, `keys` wide, 16 dims a step; p V in halves of the dims per warpgroup, 16
+    # keys a step
     wide = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx)
-    assert wide.count("64") == dim // 16 and wide.count(str(dim // 2)) == 4
+    assert wide.count(str(keys)) == dim // 16 and wide.count(str(dim // 2)) == keys // 16
     # every accumulating thread arrives on a stage's barrier when its copies land
     assert "cp.async.mbarrier.arrive.noinc.shared.b64" in ptx
-    assert re.search(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], 256;", ptx)
+    assert len(re.findall(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], 256;", ptx)) == stages
     # the partitions' barriers are named ones of their own warps (a CTA-wide bar.sync 0 would hang)
     assert re.search(r"bar\.sync \t0, 256;", ptx) and re.search(r"bar\.sync \t\d+, 128;", ptx)
     if split:  # the fp32 partial leaves straight from the accumulator, 8 bytes per thread and store

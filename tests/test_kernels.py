@@ -406,6 +406,35 @@ def test_gluon_takes_the_shapes_it_compiles(heads, dim, dtype, message):
     assert problem is None if message is None else re.search(message, problem), problem
 
 
+@pytest.mark.parametrize("dim,keys,stages,message", [
+    (512, 64, 2, None), (512, 32, 4, None), (512, 32, 3, None), (256, 64, 3, None), (128, 64, 4, None),
+    (512, 16, 4, "GLUON_KB must be 32 or 64, got 16"),
+    (512, 32, 5, "GLUON_STAGES must be 2, 3 or 4, got 5"),
+    (512, 64, 3, "GLUON_KB 64 in 3 stages needs 280640 bytes of shared memory at 64 heads x 512, over "
+                 "the 232448"),
+    (512, 64, 4, "needs 346184 bytes")])
+def test_gluon_key_blocks_the_kernel_can_take(dim, keys, stages, message):
+    """GLUON_KB / GLUON_STAGES: 32- or 64-key blocks in 2-4 stages, refused (naming the value and
+    the limit) where the stages would not fit an sm_90 program's shared memory beside Q and p."""
+    def check():
+        attn_kernel._check_gluon_blocks(64, dim, torch.bfloat16, keys, stages)
+
+    if message is None:
+        check()
+    else:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            check()
+
+
+def test_gluon_key_blocks_need_gluon(gen):
+    """GLUON_KB or GLUON_STAGES without GLUON True would be ignored by the Triton form (and a sweep
+    would claim a setting it did not run): refused."""
+    args = attention_case(gen, torch.float32, 1, 2, 4, 32, 20, 5, 3)
+    message = "['GLUON_STAGES'] set the Gluon form's blocks, but GLUON"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        attn_kernel.SparseAttentionLauncher(overrides={"GLUON_STAGES": 4})(*_dev(*args))
+
+
 @pytest.mark.parametrize("over,message", [
     ({"PREFETCH": -1}, "PREFETCH -1 must be 0 or a power of two"),
     ({"PREFETCH": 3}, "PREFETCH 3 must be 0 or a power of two"),

@@ -18,7 +18,11 @@ warps' roles by hand, in two partitions:
   when every thread's copies have landed (cp.async.mbarrier.arrive.noinc); per block it rescales
   and adds p V, then refills the freed stage with the block two ahead.
 
-So the logits of block i + 1 run while p V of block i does, and the gathers overlap both. A
+So the logits of block i + 1 run while p V of block i does, and the gathers overlap both. KB and
+STAGES are compile-time: the launch's default is 64-key blocks in 2 stages; 32-key blocks fit 3
+or 4 stages in the same shared memory (kernel.py's GLUON_KB / GLUON_STAGES), so that a refilled
+stage has more blocks of work to land behind (not yet timed on a GPU: docs/benchmarks.md,
+session 38). A
 third, producer partition does not fit: ptxas allocates every partition within the kernel's
 register limit, and 16 warps at the 154 registers the accumulator's wgmma needs exceed the SM's
 64K. No interpreter form: Gluon kernels compile for the GPU only; the Triton kernel stays the
@@ -190,18 +194,20 @@ def _accumulate(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sink_ptr, out_ptr, a
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
                                                        instr_shape=[16, D // (WARPS // 4), 16])
     heads_l: gl.constexpr = gl.SliceLayout(1, o_layout)
-    # both first blocks' addresses load before either copy starts: one load latency, not two
-    # (the copies wait for their addresses; 1.5 us from the partition's start to the second copy
-    # with the loads in turn, H100)
-    gl.static_assert(STAGES == 2, "the prologue starts two stages")
-    src0, valid0 = _gather_keys(first, row, b, N, T, K, sel_blocks, kv_ptr, idx_ptr, win_ptr, wmask_ptr, D,
-                                KB, WARPS)
-    src1, valid1 = _gather_keys(first + 1, row, b, N, T, K, sel_blocks, kv_ptr, idx_ptr, win_ptr, wmask_ptr,
-                                D, KB, WARPS)
-    if n_iter > 0:
-        _gather(src0, valid0, kv_smem.index(0), kv_ready.index(0), D, WARPS)
-    if n_iter > 1:
-        _gather(src1, valid1, kv_smem.index(1), kv_ready.index(1), D, WARPS)
+    # the first blocks' addresses all load before any copy starts: one load latency, not one
+    # per stage (the copies wait for their addresses; 1.5 us from the partition's start to the
+    # second copy with the loads in turn, H100, two stages)
+    gl.static_assert(STAGES >= 2, "the prologue starts at least two stages")
+    srcs = ()
+    valids = ()
+    for st in gl.static_range(STAGES):
+        src_st, valid_st = _gather_keys(first + st, row, b, N, T, K, sel_blocks, kv_ptr, idx_ptr, win_ptr,
+                                        wmask_ptr, D, KB, WARPS)
+        srcs = srcs + (src_st,)
+        valids = valids + (valid_st,)
+    for st in gl.static_range(STAGES):
+        if n_iter > st:
+            _gather(srcs[st], valids[st], kv_smem.index(st), kv_ready.index(st), D, WARPS)
     acc = gl.zeros([H, D], gl.float32, layout=o_layout)
     for i in range(n_iter):
         s = i % STAGES

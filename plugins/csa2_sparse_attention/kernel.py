@@ -233,7 +233,7 @@ class SparseAttentionLauncher(LauncherBase):
     # the override names the launcher reads: launch_config's entries, the pipeline depth, the
     # gather options, PDL and the Gluon choice (attention_ablation.py --attn-over checks against it)
     OVERRIDES = frozenset({"BLOCK_H", "BLOCK_K", "BLOCK_D", "IEEE", "num_warps", "num_stages", "INDEX_AHEAD",
-                           "PREFETCH", "PDL", "GLUON"})
+                           "PREFETCH", "PDL", "GLUON", "GLUON_KB", "GLUON_STAGES"})
 
     def _workspace(self, device, parts: int, dim: int):
         """(acc [parts * dim], ml [parts * 2]) in fp32, at least that large."""
@@ -254,9 +254,16 @@ class SparseAttentionLauncher(LauncherBase):
         if not self._overrides:  # the default; a sweep of Triton settings (any override) stays Triton
             cfg["GLUON"] = (splits.batch_form(h, d, b * s, ieee=q.dtype == torch.float32)
                             and _gluon_problem(q) is None)
+        gluon_keys = {"GLUON_KB", "GLUON_STAGES"} & set(self._overrides)
+        require(not gluon_keys or cfg.get("GLUON", False),
+                f"Csa2SparseAttention: {sorted(gluon_keys)} set the Gluon form's blocks, "
+                f"but GLUON is not True")
         if cfg.get("GLUON", False):
             _check_gluon(q)
-            cfg |= {"BLOCK_K": gluon_block_keys()}
+            cfg |= {"GLUON_KB": cfg.get("GLUON_KB", gluon_block_keys()),
+                    "GLUON_STAGES": cfg.get("GLUON_STAGES", GLUON_STAGES)}
+            _check_gluon_blocks(h, d, q.dtype, cfg["GLUON_KB"], cfg["GLUON_STAGES"])
+            cfg["BLOCK_K"] = cfg["GLUON_KB"]
         if interpreting():  # the L2 hint is inline PTX, which the interpreter cannot run
             require("PREFETCH" not in self._overrides or ahead == 0,
                     f"Csa2SparseAttention: PREFETCH {ahead} needs a GPU; the interpreter runs 0 only")
@@ -331,6 +338,41 @@ def gluon_block_keys() -> int:
     return 64
 
 
+# the Gluon form's key stages by default (gluon_block_keys' blocks); GLUON_KB / GLUON_STAGES
+# override both, e.g. 32-key blocks in 4 stages: the refill of a freed stage then has three blocks
+# of work to land behind instead of one (session 35's timeline: the two-stage cycle is 1.97 us
+# per 64-key block, H100, where shared memory allows 1.07)
+GLUON_STAGES = 2
+# the shared memory one sm_90 program may hold (227 KB; CUDA C++ Programming Guide, compute
+# capability 9.0 table: maximum shared memory per thread block)
+SM90_SHARED_BYTES = 232448
+
+
+def gluon_shared_bytes(heads: int, dim: int, itemsize: int, block_keys: int, stages: int) -> int:
+    """Shared memory of one Gluon program (gluon_batch.py): Q [H, D], the key stages
+    [STAGES, KB, D] and p's double buffer [2, H, KB] in 16-bit, the fp32 rescale factors and the
+    softmax statistics [2, H] each, the barriers, and 1 KB for the compiler's own scratch (the
+    sm_90 compile at 64 heads x 512 takes 214,300 bytes in 64-key blocks x 2 stages and 206,124
+    in 32-key blocks x 4, 228-232 over the tiles and barriers)."""
+    tiles = itemsize * (heads * dim + stages * block_keys * dim + 2 * heads * block_keys)
+    return tiles + 2 * 2 * heads * 4 + 8 * (stages + 5) + 1024
+
+
+def _check_gluon_blocks(heads: int, dim: int, dtype: torch.dtype, block_keys: int, stages: int) -> None:
+    """GLUON_KB / GLUON_STAGES the kernel can take: 32- or 64-key blocks (the logits wgmma's
+    columns), 2 to 4 stages that together hold the [H, D] result for its store (stages x keys >=
+    heads), within an sm_90 program's shared memory."""
+    require(block_keys in (32, 64), f"Csa2SparseAttention: GLUON_KB must be 32 or 64, got {block_keys!r}")
+    require(stages in (2, 3, 4), f"Csa2SparseAttention: GLUON_STAGES must be 2, 3 or 4, got {stages!r}")
+    require(stages * block_keys >= heads,
+            f"Csa2SparseAttention: GLUON_STAGES x GLUON_KB = {stages * block_keys} keys must reach the "
+            f"{heads} heads (the stages hold the result for its store)")
+    need = gluon_shared_bytes(heads, dim, dtype.itemsize, block_keys, stages)
+    require(need <= SM90_SHARED_BYTES,
+            f"Csa2SparseAttention: GLUON_KB {block_keys} in {stages} stages needs {need} bytes of shared "
+            f"memory at {heads} heads x {dim}, over the {SM90_SHARED_BYTES} an sm_90 program may hold")
+
+
 def _launch_attention(q, kv, idx, win, wmask, sink, scale, cfg, pdl, per, n_split, outs):
     """One launch of csa2_sparse_attention_kernel: (out, None, None) unsplit, (None, acc, ml) split."""
     b, s, h, d = q.shape
@@ -338,7 +380,8 @@ def _launch_attention(q, kv, idx, win, wmask, sink, scale, cfg, pdl, per, n_spli
     cfg = dict(cfg)
     split = outs[0] is None
     if cfg.pop("GLUON", False):
-        _launch_gluon(q, kv, idx, win, wmask, sink, scale, per, n_split, outs)
+        _launch_gluon(q, kv, idx, win, wmask, sink, scale, per, n_split, outs, cfg["GLUON_KB"],
+                      cfg["GLUON_STAGES"])
         return
     # a split runs one key block: nothing for the software pipeline to overlap, and its
     # buffers cost time (H200 sweep at decode: 7.4 us unpipelined vs 8.7 us with 3 stages)
@@ -352,8 +395,9 @@ def _launch_attention(q, kv, idx, win, wmask, sink, scale, cfg, pdl, per, n_spli
         H=h, D=d, SCALE=float(scale), SPLIT=split, num_stages=stages, **cfg, **pdl)
 
 
-def _launch_gluon(q, kv, idx, win, wmask, sink, scale, per, n_split, outs):
-    """One launch of gluon_batch.csa2_sparse_attention_ws_kernel (8 + 4 warps, maxnreg 168)."""
+def _launch_gluon(q, kv, idx, win, wmask, sink, scale, per, n_split, outs, block_keys: int, stages: int):
+    """One launch of gluon_batch.csa2_sparse_attention_ws_kernel (8 + 4 warps, maxnreg 168) in
+    `stages` stages of `block_keys` keys."""
     from dsflash.plugins.csa2_sparse_attention import gluon_batch
 
     b, s, h, d = q.shape
@@ -363,7 +407,7 @@ def _launch_gluon(q, kv, idx, win, wmask, sink, scale, per, n_split, outs):
         q.contiguous(), kv.contiguous(), idx.contiguous(), win.contiguous(),
         wmask.contiguous().view(torch.uint8), sink.contiguous(), s, kv.shape[1], win.shape[1],
         idx.shape[2], per, some if out is None else out, some if acc is None else acc,
-        some if ml is None else ml, H=h, D=d, SCALE=float(scale), KB=gluon_block_keys(), STAGES=2,
+        some if ml is None else ml, H=h, D=d, SCALE=float(scale), KB=block_keys, STAGES=stages,
         SPLIT=out is None, num_warps=8, maxnreg=gluon_batch.MAXNREG)
 
 

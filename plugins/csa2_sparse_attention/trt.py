@@ -54,8 +54,8 @@ def gluon_aot_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float,
 
     sig = {k: v for k, v in kernel_signature(dtype, idx_dtype).items() if k not in ("acc_ptr", "ml_ptr")}
     keys = kernel.gluon_block_keys()
-    consts = dict(H=heads, D=dim, SCALE=float(scale), KB=keys, STAGES=2, SPLIT=False, acc_ptr=None,
-                  ml_ptr=None, num_warps=8)
+    consts = dict(H=heads, D=dim, SCALE=float(scale), KB=keys, STAGES=kernel.GLUON_STAGES, SPLIT=False,
+                  acc_ptr=None, ml_ptr=None, num_warps=8)
     compiled = compile_ptx(gluon_batch.csa2_sparse_attention_ws_kernel, sig, consts, 8, aligned=aligned,
                            maxnreg=gluon_batch.MAXNREG)
     return compiled, {"BLOCK_H": heads, "BLOCK_K": keys, "GLUON": True}
