@@ -4,13 +4,16 @@ spends its time: the kernel's source with clock stamps added, run at the release
 x 512, 512 picks + the 128-key window per row, 128K entries per row, random picks), and the
 stamps of one program (the median one by length) printed as a timeline.
 
-    python3 scripts/attention_timeline.py --cases 16x1,16x4,64x1,128x1 [--out DIR]
+    python3 scripts/attention_timeline.py --cases 16x1,16x4,64x1,128x1 [--keys 32 --stages 4] \
+        [--out DIR]
 
-A case is ROWSxSPLITS (query rows, key splits per row). The stamps are %clock64 reads (SM cycles,
-converted at --clock-ghz) stored by every thread of the partition at these points:
+A case is ROWSxSPLITS (query rows, key splits per row); --keys / --stages pick the kernel's key
+blocks and stages (the launcher's GLUON_KB / GLUON_STAGES; default its own). The stamps are
+%clock64 reads (SM cycles, converted at --clock-ghz) stored by every thread of the partition at
+these points:
 
 - per program: the kernel's start and end; the softmax partition's start, Q in shared memory, the
-  first key block ready, its loop's end; the accumulating partition's start, its first two
+  first key block ready, its loop's end; the accumulating partition's start, its first
   gathers issued, the first p received, its loop's end, the result stored;
 - per key block (the first 16): softmax side, the block ready / the logits done / p handed over;
   accumulating side, p and the block ready / p V done / the refill's copies issued.
@@ -39,7 +42,7 @@ log = logging.getLogger("attention_timeline")
 
 # per-program stamps (slot k of a program's 16) and per-block ticks (slot s of 6, block i < 16)
 POINTS = ("softmax start", "Q in shared memory", "first block ready (softmax)", "softmax loop end",
-          "accumulate start", "first two gathers issued", "first p received", "accumulate loop end",
+          "accumulate start", "first gathers issued", "first p received", "accumulate loop end",
           "result stored", "kernel start", "kernel end")
 TICKS = ("block ready (softmax)", "logits done", "p handed over", "p and block ready (accumulate)",
          "p V done", "refill issued")
@@ -156,11 +159,12 @@ def program_blocks(split: int, per: int, n_blocks: int) -> int:
     return max(0, min(per, n_blocks - split * per))
 
 
-def block_steps(blocks_us: dict) -> dict:
+def block_steps(blocks_us: dict, stages: int = 2) -> dict:
     """Median step lengths in us over one program's key blocks (blocks_us: TICKS' times per block):
     the logits, the softmax, p's hand-over, p V, issuing the refill, the refill's copies landing
-    (refill after block i issued -> block i + 2 ready: the two-stage cycle) and the period (one
-    block ready to the next). None where the program has too few blocks for a step."""
+    (refill after block i issued -> block i + stages ready: with two stages, the two-stage cycle)
+    and the period (one block ready to the next). None where the program has too few blocks for
+    a step."""
     ready, logits, handed, acc_ready, pv, refill = (blocks_us[name] for name in TICKS)
     n = len(ready)
 
@@ -171,22 +175,20 @@ def block_steps(blocks_us: dict) -> dict:
             "softmax": median([handed[i] - logits[i] for i in range(n)]),
             "hand_over": median([acc_ready[i] - handed[i] for i in range(n)]),
             "p_v": median([pv[i] - acc_ready[i] for i in range(n)]),
-            # the last two blocks refill nothing
-            "refill_issue": median([refill[i] - pv[i] for i in range(n - 2)]),
-            "copies_land": median([ready[i + 2] - refill[i] for i in range(n - 2)]),
+            # the last `stages` blocks refill nothing
+            "refill_issue": median([refill[i] - pv[i] for i in range(n - stages)]),
+            "copies_land": median([ready[i + stages] - refill[i] for i in range(n - stages)]),
             "period": median([ready[i + 1] - ready[i] for i in range(n - 1)])}
 
 
-def run_case(module, rows: int, n_split: int, ghz: float, gen) -> dict:
+def run_case(module, rows: int, n_split: int, ghz: float, gen, keys: int, stages: int) -> dict:
     import bench_kernels as bench
     import torch
     import triton.testing
 
     from dsflash.plugins.csa2_sparse_attention import gluon_batch, splits
-    from dsflash.plugins.csa2_sparse_attention.kernel import gluon_block_keys
 
-    n, heads, dim, topk, window, keys = 131072, bench.HEADS, bench.HEAD_DIM, bench.TOPK, bench.WINDOW, \
-        gluon_block_keys()
+    n, heads, dim, topk, window = 131072, bench.HEADS, bench.HEAD_DIM, bench.TOPK, bench.WINDOW
 
     def randn(*shape, dtype=torch.bfloat16):
         return torch.randn(*shape, generator=gen, device="cuda", dtype=dtype)
@@ -205,7 +207,7 @@ def run_case(module, rows: int, n_split: int, ghz: float, gen) -> dict:
     def launch(mod, *lead):
         mod.csa2_sparse_attention_ws_kernel[(rows, 1, n_split)](
             *lead, q, kv, idx, win, wmask, sink, 1, n, window, topk, per, acc if split else out, acc, ml,
-            H=heads, D=dim, SCALE=dim ** -0.5, KB=keys, STAGES=2, SPLIT=split, num_warps=8,
+            H=heads, D=dim, SCALE=dim ** -0.5, KB=keys, STAGES=stages, SPLIT=split, num_warps=8,
             maxnreg=mod.MAXNREG)
 
     times = {"plain_us": 1e3 * triton.testing.do_bench_cudagraph(lambda: launch(gluon_batch), rep=200),
@@ -222,11 +224,11 @@ def run_case(module, rows: int, n_split: int, ghz: float, gen) -> dict:
     own = program_blocks(med % n_split, per, splits.key_blocks(topk, window, keys))
     blocks = {name: [round(float((t - origin) * us), 3) for t in ticks[med, k, :min(own, 16)]]
               for k, name in enumerate(TICKS)}
-    return {"rows": rows, "splits": n_split, "blocks_per_program": per, **times, "program": med,
-            "blocks": own,
+    return {"rows": rows, "splits": n_split, "keys": keys, "stages": stages, "blocks_per_program": per,
+            **times, "program": med, "blocks": own,
             "points_us": {name: round(float((prog[med, k] - origin) * us), 3)
                           for k, name in enumerate(POINTS)},
-            "blocks_us": blocks, "steps_us": block_steps(blocks)}
+            "blocks_us": blocks, "steps_us": block_steps(blocks, stages)}
 
 
 def main() -> None:
@@ -235,6 +237,10 @@ def main() -> None:
                     help="ROWSxSPLITS,... (default %(default)s)")
     ap.add_argument("--clock-ghz", type=float, default=1.98, help="SM clock for the cycle counts "
                     "(default %(default)s: H100 SXM / H200 boost)")
+    ap.add_argument("--keys", type=int, default=None,
+                    help="keys per block (GLUON_KB; default the launcher's)")
+    ap.add_argument("--stages", type=int, default=None,
+                    help="key stages (GLUON_STAGES; default the launcher's)")
     ap.add_argument("--out", type=Path, help="folder for attention_timeline.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -246,6 +252,15 @@ def main() -> None:
         ap.error(f"--clock-ghz {args.clock_ghz} must be positive")
     import torch
 
+    from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
+
+    keys = attn_kernel.gluon_block_keys() if args.keys is None else args.keys
+    stages = attn_kernel.GLUON_STAGES if args.stages is None else args.stages
+    try:
+        attn_kernel.check_gluon_blocks(64, 512, torch.bfloat16, keys, stages)
+    except ValueError as err:
+        ap.error(f"--keys {keys} --stages {stages}: {err}")
+
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (an sm_90 one: the Gluon kernel is written for Hopper)")
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -253,11 +268,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         module = load_instrumented(Path(tmp))
         for rows, n_split in cases:
-            res = run_case(module, rows, n_split, args.clock_ghz, gen)
+            res = run_case(module, rows, n_split, args.clock_ghz, gen, keys, stages)
             results.append(res)
-            log.info("%d rows x %d splits (%d blocks per program): %.1f us plain, %.1f us stamped; "
-                     "program %d:", rows, res["splits"], res["blocks_per_program"], res["plain_us"],
-                     res["stamped_us"], res["program"])
+            log.info("%d rows x %d splits (%d blocks of %d keys per program, %d stages): %.1f us plain, "
+                     "%.1f us stamped; program %d:", rows, res["splits"], res["blocks_per_program"], keys,
+                     stages, res["plain_us"], res["stamped_us"], res["program"])
             for name, t in res["points_us"].items():
                 log.info("  %-32s %8.2f us", name, t)
             for name, ts in res["blocks_us"].items():

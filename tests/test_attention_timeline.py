@@ -28,11 +28,12 @@ sys.path.insert(0, sys.argv[1])
 import attention_timeline as timeline
 from dsflash.plugins.aot import compile_kernel
 from dsflash.plugins.csa2_sparse_attention.trt import kernel_signature
-split = sys.argv[2] == "1"
+split, keys, stages = sys.argv[2] == "1", int(sys.argv[3]), int(sys.argv[4])
 with tempfile.TemporaryDirectory() as tmp:
     mod = timeline.load_instrumented(Path(tmp))
     types = {"tb_ptr": "*i64"} | kernel_signature(torch.bfloat16)
-    consts = {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "KB": 64, "STAGES": 2, "SPLIT": split, "num_warps": 8}
+    consts = {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "KB": keys, "STAGES": stages, "SPLIT": split,
+              "num_warps": 8}
     pointers = tuple(a for a, t in types.items() if t.startswith("*"))
     c = compile_kernel(mod.csa2_sparse_attention_ws_kernel, types, consts, 8, divisible_by_16=pointers,
                        maxnreg=mod.MAXNREG)
@@ -54,12 +55,13 @@ def test_a_changed_kernel_is_refused_with_the_anchor():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("split", [True, False])
-def test_the_stamped_kernel_builds_for_sm90(split):
+@pytest.mark.parametrize("split,keys,stages", [(True, 64, 2), (False, 64, 2), (False, 32, 4)])
+def test_the_stamped_kernel_builds_for_sm90(split, keys, stages):
     pytest.importorskip("triton.experimental.gluon", reason="needs Triton with Gluon (3.5+)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", BUILD, str(ROOT / "scripts"), "1" if split else "0"], env=env,
-                         capture_output=True, text=True, timeout=300, check=False)
+    argv = [str(ROOT / "scripts"), "1" if split else "0", str(keys), str(stages)]
+    run = subprocess.run([sys.executable, "-c", BUILD, *argv], env=env, capture_output=True, text=True,
+                         timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     built = json.loads(run.stdout.strip().splitlines()[-1])
     assert built["warps"] == 12
@@ -98,6 +100,26 @@ def test_block_steps_read_the_two_stage_cycle():
     assert steps["period"] == pytest.approx(1.97)
     cycle = sum(steps[k] for k in ("refill_issue", "copies_land", "logits", "softmax", "hand_over", "p_v"))
     assert cycle / 2 == pytest.approx(steps["period"], rel=0.03)
+
+
+def test_block_steps_read_the_refill_stages_ahead():
+    """With 4 stages the refill after block i fills block i + 4: the copies' landing is read
+    against that block, and the last 4 blocks refill nothing."""
+    ready = [float(i) for i in range(8)]
+    blocks = dict(zip(timeline.TICKS, (ready, [r + 0.3 for r in ready], [r + 0.5 for r in ready],
+                                       [r + 0.55 for r in ready], [r + 0.8 for r in ready],
+                                       [r + 0.9 for r in ready])))
+    steps = timeline.block_steps(blocks, stages=4)
+    assert steps["refill_issue"] == pytest.approx(0.1) and steps["copies_land"] == pytest.approx(3.1)
+    assert steps["period"] == pytest.approx(1.0)
+    assert timeline.block_steps(blocks, stages=8)["copies_land"] is None
+
+
+def test_key_blocks_that_do_not_fit_are_refused_by_name():
+    run = subprocess.run([sys.executable, str(SCRIPT), "--cases", "16x1", "--keys", "64", "--stages", "3"],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode != 0 and "--keys 64 --stages 3" in run.stderr and "232448" in run.stderr, \
+        run.stderr[-2000:]
 
 
 def test_block_steps_of_a_one_block_program_leave_the_cycle_out():

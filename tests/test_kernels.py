@@ -417,7 +417,7 @@ def test_gluon_key_blocks_the_kernel_can_take(dim, keys, stages, message):
     """GLUON_KB / GLUON_STAGES: 32- or 64-key blocks in 2-4 stages, refused (naming the value and
     the limit) where the stages would not fit an sm_90 program's shared memory beside Q and p."""
     def check():
-        attn_kernel._check_gluon_blocks(64, dim, torch.bfloat16, keys, stages)
+        attn_kernel.check_gluon_blocks(64, dim, torch.bfloat16, keys, stages)
 
     if message is None:
         check()

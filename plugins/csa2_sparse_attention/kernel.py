@@ -262,7 +262,7 @@ class SparseAttentionLauncher(LauncherBase):
             _check_gluon(q)
             cfg |= {"GLUON_KB": cfg.get("GLUON_KB", gluon_block_keys()),
                     "GLUON_STAGES": cfg.get("GLUON_STAGES", GLUON_STAGES)}
-            _check_gluon_blocks(h, d, q.dtype, cfg["GLUON_KB"], cfg["GLUON_STAGES"])
+            check_gluon_blocks(h, d, q.dtype, cfg["GLUON_KB"], cfg["GLUON_STAGES"])
             cfg["BLOCK_K"] = cfg["GLUON_KB"]
         if interpreting():  # the L2 hint is inline PTX, which the interpreter cannot run
             require("PREFETCH" not in self._overrides or ahead == 0,
@@ -358,7 +358,7 @@ def gluon_shared_bytes(heads: int, dim: int, itemsize: int, block_keys: int, sta
     return tiles + 2 * 2 * heads * 4 + 8 * (stages + 5) + 1024
 
 
-def _check_gluon_blocks(heads: int, dim: int, dtype: torch.dtype, block_keys: int, stages: int) -> None:
+def check_gluon_blocks(heads: int, dim: int, dtype: torch.dtype, block_keys: int, stages: int) -> None:
     """GLUON_KB / GLUON_STAGES the kernel can take: 32- or 64-key blocks (the logits wgmma's
     columns), 2 to 4 stages that together hold the [H, D] result for its store (stages x keys >=
     heads), within an sm_90 program's shared memory."""
