@@ -479,7 +479,8 @@ def test_sparse_attention_launch_passes_only_kernel_parameters(gen, monkeypatch,
 def test_sparse_attention_lists_every_override_it_reads():
     """SparseAttentionLauncher.OVERRIDES (what attention_ablation.py --attn-over accepts): every
     launch_config entry of either form and the kernel's tunable constants are in it, and every
-    name in it is one of those, a launch option or a launcher choice (PDL, GLUON)."""
+    name in it is one of those, a launch option or a launcher choice (PDL, GLUON and the Gluon
+    form's blocks, GLUON_KB / GLUON_STAGES)."""
     kernel = attn_kernel.csa2_sparse_attention_kernel
     params = set(getattr(kernel, "arg_names", None) or kernel.fn.arg_names)
     over = attn_kernel.SparseAttentionLauncher.OVERRIDES
@@ -487,7 +488,8 @@ def test_sparse_attention_lists_every_override_it_reads():
                ((64, 512, False, 1), (64, 512, False, 20), (64, 512, False, 200), (16, 64, True, None))]
     assert set().union(*configs) <= over
     assert {"INDEX_AHEAD", "PREFETCH"} <= over & params
-    assert over - params == {"num_warps", "num_stages", "GLUON"}  # PDL is a kernel constant
+    # PDL is a kernel constant
+    assert over - params == {"num_warps", "num_stages", "GLUON", "GLUON_KB", "GLUON_STAGES"}
 
 
 def test_is_pow2_takes_int_powers_of_two_and_zero_only_where_asked():
