@@ -207,7 +207,7 @@ def pooled_fp4_config(rows: int, p: int, device: torch.device) -> dict:
     4 / 8 / 16: 8 rows 11.5 / 14.7 / 22.0; 16 rows 17.3 / 17.8 / 24.6; 24 rows 28.5 / 23.5 / 30.2;
     32 rows 34.4 / 31.1 / 33.7; 48 rows 49.5 / 52.3 / 44.2; 64 rows 63.8 / 58.4 / 55.3; 96 rows
     91.5 / 84.1 / 95.6; 128 rows 118.9 / 109.7 / 104.4. The estimate picks the fastest at each.
-    The earlier rule (the longest run leaving 4 programs per SM) lost 3-11 us at 32, 48, 64 and
+    The earlier rule (the longest run leaving 4 programs per SM) lost 3-12 us at 32, 48, 64 and
     96 rows (docs/benchmarks.md, session 38)."""
     branch = {"BLOCK_N": 64, "BLOCKS": 4, "STAGES": 0, "num_warps": 4}
     if device.type != "cuda":
