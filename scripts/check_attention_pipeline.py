@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import logging
 
-log = logging.getLogger("check_attention_pipeline")
+from dsflash.plugins.csa2_sparse_attention.kernel import SM90_SHARED_BYTES
 
-# bytes: 227 KB, the most shared memory one block can opt in to on compute capability 9.0 (CUDA C++
-# Programming Guide, "Technical Specifications per Compute Capability")
-H200_SHARED_PER_PROGRAM = 232_448
+log = logging.getLogger("check_attention_pipeline")
 
 
 def settings() -> dict:
@@ -63,9 +61,9 @@ def check() -> list[str]:
         if ahead and selected < stages - 2:
             problems.append(f"{name}: the selected loop waits with {selected} copies in flight, expected "
                             f"{stages - 2} with the ids a step ahead")
-        if compiled.metadata.shared > H200_SHARED_PER_PROGRAM:
+        if compiled.metadata.shared > SM90_SHARED_BYTES:
             problems.append(f"{name}: {compiled.metadata.shared} bytes of shared memory, over the H200's "
-                            f"{H200_SHARED_PER_PROGRAM}")
+                            f"{SM90_SHARED_BYTES}")
         log.info("%-42s copies in flight at the wait: selected loop %d, window loop %d; %d B shared",
                  name, selected, window, compiled.metadata.shared)
     return problems

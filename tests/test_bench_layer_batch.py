@@ -76,7 +76,8 @@ def test_without_a_gpu_it_says_so(tmp_path):
 
 
 def test_sweep_settings_spell_out_the_launches(bench):
-    assert bench.parse_fp4_configs("decode,64:4:4:0:r80,128:16:8:3:b,128:16:4:3:s:r128,128:8:4:3:n,128:8:4:3:r0") == [
+    configs = "decode,64:4:4:0:r80,128:16:8:3:b,128:16:4:3:s:r128,128:8:4:3:n,128:8:4:3:r0"
+    assert bench.parse_fp4_configs(configs) == [
         {"PATH": "decode"},
         {"BLOCK_N": 64, "BLOCKS": 4, "num_warps": 4, "STAGES": 0, "maxnreg": 80},
         {"BLOCK_N": 128, "BLOCKS": 16, "num_warps": 8, "STAGES": 3, "EXP_WORDS": False},

@@ -757,7 +757,8 @@ def test_stable_topk_programs_without_entries_in_play_leave_no_stale_counts(gen,
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
-    launcher = topk_kernel.StableTopkLauncher(overrides={"CHUNK": 128, "SKIP_IDLE": skip_idle, "FORM": "radix"})
+    over = {"CHUNK": 128, "SKIP_IDLE": skip_idle, "FORM": "radix"}
+    launcher = topk_kernel.StableTopkLauncher(overrides=over)
     everywhere = torch.full((2, 1024), 100.0)
     small = torch.rand(2, 1024, generator=gen)
     small[:, 768:] = 100.0

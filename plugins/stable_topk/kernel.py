@@ -307,8 +307,8 @@ class StableTopkLauncher(LauncherBase):
         blocks = cdiv(n, block)
         if form is None:
             half = block // 2
-            if (blocks < 4 * k_out and "BLOCK" not in self._overrides and rows >= SMALL_BLOCK_ROWS and half >= 2
-                    and cdiv(n, half) >= 4 * k_out):
+            if (blocks < 4 * k_out and "BLOCK" not in self._overrides and rows >= SMALL_BLOCK_ROWS
+                    and half >= 2 and cdiv(n, half) >= 4 * k_out):
                 return "prefilter", half
             form = "prefilter" if blocks >= 4 * k_out else "radix"
         return (form if blocks >= k_out else "radix"), block
