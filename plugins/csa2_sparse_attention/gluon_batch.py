@@ -21,13 +21,16 @@ warps' roles by hand, in two partitions:
 So the logits of block i + 1 run while p V of block i does, and the gathers overlap both. KB and
 STAGES are compile-time: the launch's default is 64-key blocks in 2 stages; 32-key blocks fit 3
 or 4 stages in the same shared memory (kernel.py's GLUON_KB / GLUON_STAGES), so that a refilled
-stage has more blocks of work to land behind (not yet timed on a GPU: docs/benchmarks.md,
-session 38). A
-third, producer partition does not fit: ptxas allocates every partition within the kernel's
-register limit, and 16 warps at the 154 registers the accumulator's wgmma needs exceed the SM's
-64K. No interpreter form: Gluon kernels compile for the GPU only; the Triton kernel stays the
-launch on the CPU, for other shapes and for fp32. TensorRT gets it as the attention plugin's
-GLUON tactic (trt.py, unsplit; compile_sm90 below builds the same PTX offline).
+stage has more blocks of work to land behind. They are slower from 12 rows (H100, session 39: 64
+rows 34.0 against 27.8 us): the copies land early, but each block's logits, softmax and hand-over
+cost about as much for 32 keys as for 64. Also measured slower there and dropped: block i + 1's
+logits started during block i's softmax, and the key mask loaded a block ahead
+(docs/benchmarks.md, session 39). A third, producer partition does not fit: ptxas allocates
+every partition within the kernel's register limit, and 16 warps at the 154 registers the
+accumulator's wgmma needs exceed the SM's 64K. No interpreter form: Gluon kernels compile for the
+GPU only; the Triton kernel stays the launch on the CPU, for other shapes and for fp32. TensorRT
+gets it as the attention plugin's GLUON tactic (trt.py, unsplit; compile_sm90 below builds the
+same PTX offline).
 """
 
 from __future__ import annotations

@@ -341,7 +341,9 @@ def gluon_block_keys() -> int:
 # the Gluon form's key stages by default (gluon_block_keys' blocks); GLUON_KB / GLUON_STAGES
 # override both, e.g. 32-key blocks in 4 stages: the refill of a freed stage then has three blocks
 # of work to land behind instead of one (session 35's timeline: the two-stage cycle is 1.97 us
-# per 64-key block, H100, where shared memory allows 1.07)
+# per 64-key block, H100, where shared memory allows 1.07). Timed in session 39 (H100): slower
+# from 12 rows (64 rows 34.0 / 33.1 us in 4 / 3 stages against 27.8), as each 32-key block costs
+# 1.25 us; so the default stays
 GLUON_STAGES = 2
 # the shared memory one sm_90 program may hold (227 KB; CUDA C++ Programming Guide, compute
 # capability 9.0 table: maximum shared memory per thread block)
