@@ -52,10 +52,12 @@ def plugin_kernels(cfg: ModelConfig, dtype: torch.dtype = torch.bfloat16, vocab_
     if cfg.kv_qat:  # the entries are FP4 in the state too: Csa2EntriesFp4 nodes decode them
         kernels["Csa2EntriesFp4"] = entries_fp4_trt.aot_kernel(dtype, dim)
     block_keys = splits.export_attrs(heads, dim)["block_keys"]
-    for tactic in attn_split_trt.tactics():  # decoder_step's split form
+    for tactic in attn_split_trt.tactics(dtype, heads, dim, block_keys):  # decoder_step's split form
         kernels[_tactic_name("Csa2SparseAttentionSplit", tactic)] = attn_split_trt.split_kernel(
             dtype, heads, dim, dim ** -0.5, block_keys, tactic)
-    kernels["Csa2AttentionCombine"] = attn_split_trt.combine_kernel(dtype, heads, dim)
+    for tactic in attn_split_trt.combine_tactics():
+        kernels[_tactic_name("Csa2AttentionCombine", tactic)] = attn_split_trt.combine_kernel(
+            dtype, heads, dim, tactic=tactic)
     for tactic in mhc_trt.tactics(cfg.hc_mult, cfg.hidden_size, dtype):
         hint, over = mhc_trt.tactic_setting(tactic)
         kernels[_tactic_name("MhcBoundary", tactic)] = mhc_trt.aot_kernel(

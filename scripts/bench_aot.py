@@ -9,6 +9,7 @@ for the attention and the mHC boundary also decoder_step's split forms (two kern
 together).
 
     python3 scripts/bench_aot.py --out OUT [--sweep | --sweep-only]   # H200: ~1.5 min, the sweep ~2.5
+    python3 scripts/bench_aot.py --out OUT --only attention --split-attrs 64:66,64:132   # split attributes
 """
 
 from __future__ import annotations
@@ -123,12 +124,15 @@ def mhc_split_form(streams_shape, fn_shape, attrs: tuple, partials_tactic: int,
     return MhcSplitForm(partials, finish, shapes)
 
 
-def split_form(q, kv, idx, win, scale: float, tactic: int) -> SplitForm:
-    attrs = attn_splits.export_attrs(q.shape[2], q.shape[3])
+def split_form(q, kv, idx, win, scale: float, tactic: int, combine_tactic: int,
+               attrs: dict | None = None) -> SplitForm:
+    """The two nodes with the export's split attributes, or `attrs` (block_keys, split_target)."""
+    attrs = attrs or attn_splits.export_attrs(q.shape[2], q.shape[3])
     _, acc_shape, ml_shape = attn_split_trt.split_outputs(q.shape, idx.shape, win.shape, **attrs)
     split = attn_split_trt.aot_launch_split(q.shape, kv.shape, idx.shape, win.shape, BF16, scale, **attrs,
                                             tactic=tactic)
-    return SplitForm(split, attn_split_trt.aot_launch_combine(q.shape, acc_shape, BF16), acc_shape, ml_shape)
+    combine = attn_split_trt.aot_launch_combine(q.shape, acc_shape, BF16, tactic=combine_tactic)
+    return SplitForm(split, combine, acc_shape, ml_shape)
 
 
 def compare(case: str, jit, variants: dict, inputs: list, outputs, rel: float) -> dict:
@@ -183,9 +187,10 @@ def index_case(n: int, gen) -> dict:
                    [q, w, k, visible], lambda: [torch.empty(1, 1, n, device="cuda")], 1e-5)
 
 
-def attention_case(rows: int, gen, settings: dict | None = None) -> dict:
+def attention_case(rows: int, gen, settings: dict | None = None, split_attrs: tuple = ()) -> dict:
     """settings: label -> (aligned, launch_config overrides); by default the plugin's tactics, and the
-    first compiled for any pointer alignment."""
+    first compiled for any pointer alignment. split_attrs: (block_keys, split_target) pairs to time
+    the split form under besides the export's, every tactic those allow."""
     n = 65536
     q = torch.randn(1, rows, HEADS, HEAD_DIM, generator=gen).to("cuda", BF16)
     kv = torch.randn(1, n, HEAD_DIM, generator=gen).to("cuda", BF16)
@@ -195,15 +200,20 @@ def attention_case(rows: int, gen, settings: dict | None = None) -> dict:
     sink = torch.randn(HEADS, generator=gen).cuda()
     scale = HEAD_DIM ** -0.5
     launcher = attn_kernel.SparseAttentionLauncher()
-    default = {"tactic1": (True, {}), "tactic2": (True, attn_trt.tactic_overrides(2, BF16, HEADS, HEAD_DIM)),
-               "tactic3": (True, attn_trt.tactic_overrides(3, BF16, HEADS, HEAD_DIM)),
-               "tactic1_unaligned": (False, {})}
+    default = {f"tactic{t}": (True, attn_trt.tactic_overrides(t, BF16, HEADS, HEAD_DIM))
+               for t in attn_trt.tactics(BF16, HEADS, HEAD_DIM)} | {"tactic1_unaligned": (False, {})}
     settings = settings or default
     variants = compiled(settings, lambda aligned, over: attn_trt.aot_launch(
         q.shape, kv.shape, idx.shape, win.shape, BF16, scale, aligned=aligned, overrides=over))
-    if settings is default:  # decoder_step's split form, both tactics
-        variants |= {f"split_form_tactic{t}": split_form(q, kv, idx, win, scale, t)
-                     for t in attn_split_trt.tactics()}
+    # decoder_step's split form: every split tactic (3: the Gluon kernel) with each combine tactic
+    export = attn_splits.export_attrs(HEADS, HEAD_DIM)
+    for attrs in ([export] if settings is default else []) + [
+            {"block_keys": keys, "split_target": target} for keys, target in split_attrs]:
+        name = "split_form" if attrs is export else f"split_k{attrs['block_keys']}_t{attrs['split_target']}"
+        variants |= compiled({f"{name}_tactic{t}_combine{c}": (t, c)
+                              for t in attn_split_trt.tactics(BF16, HEADS, HEAD_DIM, attrs["block_keys"])
+                              for c in attn_split_trt.combine_tactics()},
+                             lambda t, c, attrs=attrs: split_form(q, kv, idx, win, scale, t, c, attrs))
     return compare(f"attention rows={rows}", lambda: launcher(q, kv, idx, win, wmask, sink, scale), variants,
                    [q, kv, idx, win, wmask, sink], lambda: [torch.empty_like(q)], 1e-2)
 
@@ -299,6 +309,9 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also sweep mHC and attention AOT launch settings")
     ap.add_argument("--sweep-only", action="store_true", help="only the sweep")
     ap.add_argument("--only", default="", help="only the cases whose name contains this, e.g. mhc")
+    ap.add_argument("--split-attrs", default="",
+                    help="also time the attention's split form under these split attributes: "
+                         "BLOCK_KEYS:SPLIT_TARGET,... (e.g. 64:66,64:132)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     out = Path(args.out)
@@ -306,14 +319,15 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     res = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M"),
            "torch": torch.__version__, "triton": triton.__version__, "cases": {}}
+    split_attrs = tuple(tuple(int(x) for x in p.split(":")) for p in args.split_attrs.split(",") if p)
     cases = [("index n=16384", lambda: index_case(16384, gen)),
-             ("index n=131072", lambda: index_case(131072, gen)),
-             ("attention rows=1", lambda: attention_case(1, gen)),
-             ("attention rows=64", lambda: attention_case(64, gen)),
-             ("engram decode b=1", lambda: engram_case(1, 1, gen)),
-             ("engram prefill 8192", lambda: engram_case(1, 8192, gen)),
-             ("mhc tokens=1", lambda: mhc_case(1, gen)), ("mhc tokens=4", lambda: mhc_case(4, gen)),
-             ("mhc tokens=64", lambda: mhc_case(64, gen)), ("mhc tokens=8192", lambda: mhc_case(8192, gen))]
+             ("index n=131072", lambda: index_case(131072, gen))]
+    cases += [(f"attention rows={r}", lambda r=r: attention_case(r, gen, split_attrs=split_attrs))
+              for r in (1, 16, 64, 128)]
+    cases += [("engram decode b=1", lambda: engram_case(1, 1, gen)),
+              ("engram prefill 8192", lambda: engram_case(1, 8192, gen)),
+              ("mhc tokens=1", lambda: mhc_case(1, gen)), ("mhc tokens=4", lambda: mhc_case(4, gen)),
+              ("mhc tokens=64", lambda: mhc_case(64, gen)), ("mhc tokens=8192", lambda: mhc_case(8192, gen))]
     cases = [(name, case) for name, case in cases if args.only in name]
     for name, case in tqdm([] if args.sweep_only else cases, desc="aot"):
         res["cases"][name] = case()

@@ -26,7 +26,8 @@ def test_aot_kernels_for_tiny(tmp_path):
                     "--dtype", "bf16", "--out", str(tmp_path)], check=True, env=env, timeout=300)
     index = json.loads((tmp_path / "kernels.json").read_text())
     # tiny's head_dim 32 gives the attention one tactic (DECODE retiles wide heads only)
-    assert sorted(index) == ["Csa2AttentionCombine", "Csa2IndexScore", "Csa2IndexScore_tactic2",
+    assert sorted(index) == ["Csa2AttentionCombine", "Csa2AttentionCombine_tactic2", "Csa2IndexScore",
+                             "Csa2IndexScore_tactic2",
                              "Csa2SparseAttention", "Csa2SparseAttentionSplit",
                              "Csa2SparseAttentionSplit_tactic2",
                              "EngramHashGather_layer1", "EngramHashGather_layer3", "MhcBoundary",
@@ -150,8 +151,37 @@ many = trt_split.aot_launch_split((2, 64, 64, 512), (2, 5000, 512), (2, 64, 512)
 assert many.grid == (128, 4, 1) and many.extra[4] == 16 + 6, many
 cmb = trt_split.aot_launch_combine((1, 1, 64, 512), (1, 1, 21, 64, 512), bf16)
 assert cmb.grid == (1, 64, 1) and cmb.extra == (21,), cmb
+# the combine's tactics: every split in one load (up to 32 at 512 dims), or chunks of 4
+assert trt_split.combine_tactics() == [1, 2]
+assert trt_split.combine_kernel(bf16, 64, 512)[1]["CHUNK"] == 32
+assert trt_split.combine_kernel(bf16, 64, 512, tactic=2)[1]["CHUNK"] == 4
+chunks = trt_split.aot_launch_combine((2, 64, 64, 512), (2, 64, 1, 64, 512), bf16, tactic=2)
+assert chunks.grid == (128, 64, 1) and chunks.extra == (1,), chunks
+with pytest.raises(ValueError, match="Csa2AttentionCombine: tactic 3 is not one of \\[1, 2\\]"):
+    trt_split.combine_kernel(bf16, 64, 512, tactic=3)
 with pytest.raises(ValueError, match="block_keys 48 is not one of the kernel's key blocks"):
     trt_split.split_kernel(bf16, 64, 512, 0.04, 48)
+# the split node's GLUON tactic: the Gluon kernel over the node's own plan (32-key blocks of 512
+# dims in 4 stages, 64-key blocks of 128 in 4), 16-bit, 64 heads; one head block per program
+assert trt_split.tactics(bf16, 64, 512, 32) == [1, 2, 3]
+assert trt_split.tactics(torch.float16, 64, 128, 64) == [1, 2, 3]
+assert trt_split.tactics(torch.float32, 64, 512, 32) == [1, 2]
+assert trt_split.tactics(bf16, 16, 512, 32) == [1, 2]
+assert trt_split.tactics(bf16, 64, 512, 16) == [1, 2] and trt_split.tactics(bf16, 64, 384, 32) == [1, 2]
+assert trt_split.gluon_stages(64, 512, bf16, 32) == 4 and trt_split.gluon_stages(64, 512, bf16, 64) == 2
+assert trt_split.gluon_problem(bf16, 64, 512, 128).startswith("GLUON takes key blocks of 32 or 64")
+ws = trt_split.aot_launch_split((2, 64, 64, 512), (2, 5000, 512), (2, 64, 512), (2, 192, 512), bf16, 0.04,
+                                32, 66, tactic=3)
+assert ws.grid == (128, 1, 1) and ws.extra == many.extra and ws.kernel.num_warps == 12, ws
+assert ".maxnreg 168" in ws.kernel.ptx and ws.kernel.declared == 6 + 5 + 2 and ws.kernel.aligned
+assert 200 * 1024 <= ws.kernel.shared_mem <= attn_kernel.SM90_SHARED_BYTES, ws.kernel.shared_mem
+one = trt_split.aot_launch_split((1, 1, 64, 512), (1, 5000, 512), (1, 1, 512), (1, 129, 512), bf16, 0.04,
+                                 32, 66, tactic=3)
+assert one.grid == (1, 1, 21) and one.extra == sl.extra, one
+with pytest.raises(ValueError, match="Csa2SparseAttentionSplit: GLUON takes bf16 or fp16, got torch.float32"):
+    trt_split.split_kernel(torch.float32, 64, 512, 0.04, 32, tactic=3)
+with pytest.raises(ValueError, match="tactic 4 is not one of \\[1, 2, 3\\]"):
+    trt_split.split_kernel(bf16, 64, 512, 0.04, 32, tactic=4)
 
 # mHC's split form: one decode token over 160 chunks of 32 channels; 64 rows (4 row blocks) over 54
 # splits of 3 chunks

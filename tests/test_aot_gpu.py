@@ -123,12 +123,15 @@ def test_aot_sparse_attention(gen, s, tactic, aligned):
     assert_kernel_matches(out, attn_ref.csa2_sparse_attention, args, {}, BF16, "sparse attention (AOT)")
 
 
-@pytest.mark.parametrize("tactic", [1, 2])
+@pytest.mark.parametrize("tactic", [1, 2, 3])
 @pytest.mark.parametrize("s", [1, 8, 70])
 def test_aot_split_attention(gen, s, tactic):
     """decoder_step's two attention nodes: the split kernel's partials against their reference
     (1 row: 21 splits of one key block; 8 rows: 7 splits of 3 blocks; 70 rows: one split), then
-    the combine kernel on them against the one-node reference."""
+    the combine kernel on them against the one-node reference, in both its tactics. Tactic 3 is
+    the Gluon kernel over the same plan (12 warps, 32-key blocks in 4 stages)."""
+    if tactic == 3 and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon tactic is sm_90 code (wgmma, setmaxnreg)")
     args = attention_inputs(gen, s)
     q, kv, idx, win, mask, sink, scale = args
     attrs = attn_splits.export_attrs(64, 512)
@@ -140,9 +143,11 @@ def test_aot_split_attention(gen, s, tactic):
                   nan_outputs((acc_shape, torch.float32), (ml_shape, torch.float32)))
     assert_kernel_matches((acc, ml), attn_ref.csa2_sparse_attention_split, args, attrs, BF16,
                           "sparse attention split (AOT)")
-    combine = attn_split_trt.aot_launch_combine(q.shape, acc_shape, BF16)
-    (out,) = run(combine, [*cuda(q), acc, ml, sink.cuda()], nan_outputs((tuple(q.shape), BF16)))
-    assert_kernel_matches(out, attn_ref.csa2_sparse_attention, args, {}, BF16, "split + combine (AOT)")
+    for combine_tactic in attn_split_trt.combine_tactics():  # one load, chunks of 4 splits
+        combine = attn_split_trt.aot_launch_combine(q.shape, acc_shape, BF16, tactic=combine_tactic)
+        (out,) = run(combine, [*cuda(q), acc, ml, sink.cuda()], nan_outputs((tuple(q.shape), BF16)))
+        assert_kernel_matches(out, attn_ref.csa2_sparse_attention, args, {}, BF16,
+                              f"split + combine (AOT, combine tactic {combine_tactic})")
 
 
 @pytest.mark.parametrize("batch,new", [(1, 1), (2, 4099)])

@@ -535,6 +535,24 @@ def test_split_attention_kernels(gen, dtype, b, s, h, d, n, k, t, block_keys, ta
                           f"Csa2SparseAttentionSplit + Csa2AttentionCombine, {n_split} splits")
 
 
+@pytest.mark.parametrize("nsp,chunk", [(8, 4), (8, 2), (16, 8)])
+def test_combine_kernel_in_chunks(gen, nsp, chunk):
+    """The combine kernel as the AOT plugin's CHUNKS tactic runs it: NSP above the splits present
+    (the plugin compiles for the most a head_dim allows) and the outputs summed chunk by chunk,
+    the last chunk part-filled (6 splits in chunks of 4, 2 or 8)."""
+    b, s, h, d = 1, 3, 4, 40
+    args = attention_case(gen, torch.float32, b, s, h, d, 90, 50, 30)
+    attrs = {"block_keys": 16, "split_target": 18}
+    acc, ml = attn_kernel.csa2_sparse_attention_split(*_dev(*args), **attrs)
+    assert acc.shape[2] == 6
+    q, sink = _dev(args[0], args[5])
+    out = torch.full_like(q, float("nan"))
+    attn_kernel.csa2_attention_combine_kernel[(b * s, h)](q, acc, ml, sink, 6, out, H=h, D=d,
+                                                          BLOCK_D=next_pow2(d, 16), NSP=nsp, CHUNK=chunk)
+    assert_kernel_matches(out, attn_ref.csa2_sparse_attention, args, {}, torch.float32,
+                          f"Csa2AttentionCombine in chunks of {chunk}")
+
+
 def test_split_attention_rejects_bad_input(gen):
     q, kv, idx, win, mask, sink, scale = _dev(*attention_case(gen, torch.float32, 1, 1, 4, 16, 20, 3, 4))
     with pytest.raises(ValueError, match="block_keys 24 is not one of the kernel's key blocks"):

@@ -24,4 +24,8 @@ def test_trt_registrations_against_a_stand_in():
     run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600,
                          check=False)
     assert run.returncode == 0, run.stdout[-1000:] + run.stderr[-3000:]
-    assert run.stdout.count(" OK") == 10 and run.stdout.count("symbolic launch == int launch") == 2, run.stdout
+    assert run.stdout.count(" OK") == 10, run.stdout
+    assert run.stdout.count("symbolic launch == int launch") == 2, run.stdout
+    # the split attention node's Gluon tactic (bf16, 64 x 512) and the combine's chunked tactic
+    assert "Csa2SparseAttentionSplit: shapes, types and 3 tactic(s) OK" in run.stdout, run.stdout
+    assert "Csa2AttentionCombine: shapes, types and 2 tactic(s) OK" in run.stdout, run.stdout

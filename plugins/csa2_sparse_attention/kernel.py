@@ -175,27 +175,39 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
 @triton.jit
 def csa2_attention_combine_kernel(q_ptr, acc_ptr, ml_ptr, sink_ptr, n_split, out_ptr, H: tl.constexpr,
                                   D: tl.constexpr, BLOCK_D: tl.constexpr, NSP: tl.constexpr,
-                                  PDL: tl.constexpr = False):
-    """Grid (query rows, heads): the n_split partial softmaxes of one head in one load each
-    (maxima, sums, outputs), weighted by exp(m_p - m) and normalised with the sink. q_ptr is the
-    combine plugin's first input, which gives the output its dtype; it is not read."""
+                                  PDL: tl.constexpr = False, CHUNK: tl.constexpr = 4):
+    """Grid (query rows, heads): the n_split partial softmaxes of one head, weighted by
+    exp(m_p - m) and normalised with the sink: the maxima and sums in one load each (NSP >=
+    n_split), the outputs in chunks of CHUNK splits (a power of two <= NSP). q_ptr is the combine
+    plugin's first input, which gives the output its dtype; it is not read.
+
+    The JIT launch knows n_split and loads every split in one chunk. The AOT kernel serves any
+    n_split up to splits.max_splits (NSP 32 at 512 dims), and one [32, 512] chunk takes 162
+    registers a thread (3 programs an SM) with every row's loads issued, live or not: at 128 rows
+    of one split the split form with its combine took 95.0 us against 57.0 in chunks of 4 (H100,
+    bench_aot.py, 2026-12-06), while one row of 21 splits took 7.2 against 8.9. So TensorRT
+    times both (trt_split.combine_tactics)."""
     wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     sp = tl.arange(0, NSP)
-    ok = sp < n_split
-    dd = tl.arange(0, BLOCK_D)
-    part_at = (row * n_split + sp) * H + h
     plane = (row * n_split + sp) * 2 * H + h
-    m_p = tl.load(ml_ptr + plane, mask=ok, other=float("-inf"))
-    l_p = tl.load(ml_ptr + plane + H, mask=ok, other=0.0)
-    part = tl.load(acc_ptr + part_at[:, None] * D + dd[None, :], mask=ok[:, None] & (dd < D)[None, :],
-                   other=0.0)
+    m_p = tl.load(ml_ptr + plane, mask=sp < n_split, other=float("-inf"))
+    l_p = tl.load(ml_ptr + plane + H, mask=sp < n_split, other=0.0)
     sink = tl.load(sink_ptr + h).to(tl.float32)
     m_all = tl.maximum(sink, tl.max(m_p, axis=0))
-    w = tl.exp(m_p - m_all)  # 0 for absent splits
-    out = tl.sum(w[:, None] * part, axis=0) / (tl.sum(w * l_p, axis=0) + tl.exp(sink - m_all))
-    tl.store(out_ptr + (row * H + h) * D + dd, out.to(out_ptr.dtype.element_ty), mask=dd < D)
+    denom = tl.sum(tl.exp(m_p - m_all) * l_p, axis=0) + tl.exp(sink - m_all)  # exp(-inf) = 0: absent splits
+    dd = tl.arange(0, BLOCK_D)
+    cc = tl.arange(0, CHUNK)
+    out = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for first in range(0, n_split, CHUNK):
+        part_row = row * n_split + first + cc
+        live = first + cc < n_split
+        w = tl.exp(tl.load(ml_ptr + part_row * 2 * H + h, mask=live, other=float("-inf")) - m_all)
+        part = tl.load(acc_ptr + (part_row * H + h)[:, None] * D + dd[None, :],
+                       mask=live[:, None] & (dd < D)[None, :], other=0.0)
+        out += tl.sum(w[:, None] * part, axis=0)
+    tl.store(out_ptr + (row * H + h) * D + dd, (out / denom).to(out_ptr.dtype.element_ty), mask=dd < D)
 
 
 def _check(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H):
@@ -415,9 +427,10 @@ def _launch_gluon(q, kv, idx, win, wmask, sink, scale, per, n_split, outs, block
 
 def _launch_combine(q, acc, ml, sink, n_split: int, out, pdl):
     b, s, h, d = q.shape
+    # every split in one chunk: the launch knows n_split, so NSP fits it (the AOT kernel cannot)
     csa2_attention_combine_kernel[(b * s, h)](q, acc, ml, sink, n_split, out, H=h, D=d,
                                               BLOCK_D=next_pow2(d, 16), NSP=next_pow2(n_split),
-                                              num_warps=4, **pdl)
+                                              CHUNK=next_pow2(n_split), num_warps=4, **pdl)
 
 
 def csa2_sparse_attention(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_BSK: torch.Tensor,
