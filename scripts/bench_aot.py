@@ -313,13 +313,18 @@ def main() -> None:
                     help="also time the attention's split form under these split attributes: "
                          "BLOCK_KEYS:SPLIT_TARGET,... (e.g. 64:66,64:132)")
     args = ap.parse_args()
+    split_attrs = []
+    for pair in filter(None, args.split_attrs.split(",")):
+        keys, _, target = pair.partition(":")
+        if not (keys.isdigit() and target.isdigit()):
+            ap.error(f"--split-attrs {pair!r}: want BLOCK_KEYS:SPLIT_TARGET, two positive ints")
+        split_attrs.append((int(keys), int(target)))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
     res = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M"),
            "torch": torch.__version__, "triton": triton.__version__, "cases": {}}
-    split_attrs = tuple(tuple(int(x) for x in p.split(":")) for p in args.split_attrs.split(",") if p)
     cases = [("index n=16384", lambda: index_case(16384, gen)),
              ("index n=131072", lambda: index_case(131072, gen))]
     cases += [(f"attention rows={r}", lambda r=r: attention_case(r, gen, split_attrs=split_attrs))

@@ -184,9 +184,9 @@ def csa2_attention_combine_kernel(q_ptr, acc_ptr, ml_ptr, sink_ptr, n_split, out
     The JIT launch knows n_split and loads every split in one chunk. The AOT kernel serves any
     n_split up to splits.max_splits (NSP 32 at 512 dims), and one [32, 512] chunk takes 162
     registers a thread (3 programs an SM) with every row's loads issued, live or not: at 128 rows
-    of one split the split form with its combine took 95.0 us against 57.0 in chunks of 4 (H100,
-    bench_aot.py, 2026-12-06), while one row of 21 splits took 7.2 against 8.9. So TensorRT
-    times both (trt_split.combine_tactics)."""
+    of one split the Gluon split node with this combine took 79.7 us against 57.5 in chunks of 4
+    (H100, bench_aot.py, one call, 2026-12-06), while one row of 21 splits (split tactic 1) took
+    8.1 against 8.9. So TensorRT times both (trt_split.combine_tactics)."""
     wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)

@@ -52,7 +52,9 @@ def gluon_problem(dtype: torch.dtype, heads: int, dim: int, block_keys: int) -> 
     if block_keys not in (32, 64):
         return f"GLUON takes key blocks of 32 or 64 (its logits wgmma), got block_keys {block_keys}"
     if not gluon_stages(heads, dim, dtype, block_keys):
-        return f"GLUON: two stages of {block_keys} keys of {dim} dims do not fit beside Q in shared memory"
+        need = kernel.gluon_shared_bytes(heads, dim, dtype.itemsize, block_keys, 2)
+        return (f"GLUON: two stages of {block_keys} keys of {dim} dims need {need} bytes of shared memory, "
+                f"over the {kernel.SM90_SHARED_BYTES} an sm_90 program has")
     return None
 
 
@@ -106,9 +108,9 @@ COMBINE_CHUNK = 4
 
 
 def combine_tactics() -> list[int]:
-    """WHOLE suits one decode row (21 splits at 64 x 512: one load's latency, H100 7.2 us for the
-    two nodes), CHUNKS a decode batch of few splits a row (a program no longer holds or loads all
-    32 possible splits: 128 rows of one split 57.0 us against 95.0)."""
+    """WHOLE suits one decode row (21 splits at 64 x 512: one load's latency; H100, both nodes, 8.1
+    against 8.9 us), CHUNKS a decode batch of few splits a row (a program no longer holds or loads
+    all 32 possible splits: 128 rows of one split, 57.5 against 79.7 us; bench_aot.py, one call)."""
     return [WHOLE, CHUNKS]
 
 
