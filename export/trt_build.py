@@ -81,16 +81,27 @@ def preflight(proto) -> list[str]:
     return seen
 
 
-def optimization_profiles(bundle: Bundle, graph: str, max_batch: int, capacity: int,
-                          max_rows: int) -> dict[str, tuple[tuple, tuple, tuple]]:
+def optimization_profiles(bundle: Bundle, graph: str, max_batch: int, capacity: int, max_rows: int,
+                          opt_batch: int | None = None) -> dict[str, tuple[tuple, tuple, tuple]]:
     """input -> (min, opt, max) shapes: rows 1 .. max_rows (prefill chunk or decode step), batch
-    1 .. max_batch, compressed entries from the capacity; opt at the decode-typical point."""
+    1 .. max_batch, compressed entries from the capacity; opt at the decode-typical point: one row
+    a sequence, opt_batch sequences (default max_batch).
+
+    TensorRT times each plugin's tactics at the opt shapes only, and an engine keeps those picks
+    for every batch of the profile. Where they differ most: decoder_step's split attention node
+    takes the Triton decode blocks for a few rows and the Gluon kernel from ~16 (H100, both nodes:
+    one row 8.1 against 9.9 us, 64 rows 81.4 against 34.1; docs/benchmarks.md, session 39), so
+    opt_batch should be the batch a deployment serves most."""
     cfg = bundle.config
+    opt_batch = max_batch if opt_batch is None else opt_batch
     if max_rows < 1 or max_batch < 1 or capacity < max_rows:
         raise ValueError(f"profile needs max_batch >= 1, max_rows >= 1 and capacity >= max_rows; got "
                          f"{max_batch}, {max_rows}, {capacity}")
+    if not 1 <= opt_batch <= max_batch:
+        raise ValueError(f"profile needs 1 <= opt_batch <= max_batch; got opt_batch {opt_batch}, "
+                         f"max_batch {max_batch}")
     opt_rows = 1 if graph == "decoder_step" else max_rows
-    return {t.name: (t.resolve(cfg, 1, capacity, 1), t.resolve(cfg, max_batch, capacity, opt_rows),
+    return {t.name: (t.resolve(cfg, 1, capacity, 1), t.resolve(cfg, opt_batch, capacity, opt_rows),
                      t.resolve(cfg, max_batch, capacity, max_rows)) for t in graph_inputs(cfg, graph)}
 
 

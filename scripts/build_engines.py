@@ -3,7 +3,7 @@
 a GPU; the preflight runs anywhere and names any custom node without a plugin).
 
     python scripts/build_engines.py --bundle engines/tiny --max-batch 8 --capacity 4096 \
-        --max-prompt 512 --max-step 1 [--preflight-only]
+        --max-prompt 512 --max-step 1 [--opt-batch 4] [--preflight-only]
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--opt-batch", type=int, default=None,
+                    help="the batch TensorRT picks each plugin's tactics at (default --max-batch): the "
+                         "batch the deployment serves most")
     ap.add_argument("--capacity", type=int, default=4096)
     ap.add_argument("--max-prompt", type=int, default=512, help="rows of one prefill chunk (encoder_prefill)")
     ap.add_argument("--max-step", type=int, default=1, help="rows of one decoder_step (1, or W for replay)")
@@ -42,7 +45,8 @@ def main() -> int:
     cache = Path(args.bundle) / "plans" / "timing.cache"
     cache.parent.mkdir(exist_ok=True)
     for graph in tqdm(rows, desc="plans"):
-        prof = optimization_profiles(bundle, graph, args.max_batch, args.capacity, rows[graph])
+        prof = optimization_profiles(bundle, graph, args.max_batch, args.capacity, rows[graph],
+                                     args.opt_batch)
         log.info("built %s", build_plan(bundle, graph, prof, timing_cache=cache))
     return 0
 

@@ -70,6 +70,14 @@ def test_profiles_follow_the_contract(tiny_bundle):
     assert optimization_profiles(tiny_bundle, "encoder_prefill", 1, 64, 64)["ids"][1] == (1, 64)
     with pytest.raises(ValueError, match="capacity >= max_rows"):
         optimization_profiles(tiny_bundle, "decoder_step", 1, 8, 16)
+    # the batch TensorRT picks tactics at: the one served most, within the profile
+    low = optimization_profiles(tiny_bundle, "decoder_step", max_batch=8, capacity=256, max_rows=16,
+                                opt_batch=2)
+    assert low["ids"] == ((1, 1), (2, 1), (8, 16)) and low[f"kv.{src}"][1][:2] == (2, n)
+    for bad in (0, 9):
+        with pytest.raises(ValueError,
+                           match=f"1 <= opt_batch <= max_batch; got opt_batch {bad}, max_batch 8"):
+            optimization_profiles(tiny_bundle, "decoder_step", 8, 256, 16, opt_batch=bad)
 
 
 def test_trt_engine_refuses_a_missing_or_stale_plan(tiny_bundle, tmp_path):
