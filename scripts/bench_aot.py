@@ -309,6 +309,8 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also sweep mHC and attention AOT launch settings")
     ap.add_argument("--sweep-only", action="store_true", help="only the sweep")
     ap.add_argument("--only", default="", help="only the cases whose name contains this, e.g. mhc")
+    ap.add_argument("--attention-rows", default="1,16,64,128",
+                    help="query rows of the attention cases, comma-separated")
     ap.add_argument("--split-attrs", default="",
                     help="also time the attention's split form under these split attributes: "
                          "BLOCK_KEYS:SPLIT_TARGET,... (e.g. 64:66,64:132)")
@@ -319,6 +321,9 @@ def main() -> None:
         if not (keys.isdigit() and target.isdigit()):
             ap.error(f"--split-attrs {pair!r}: want BLOCK_KEYS:SPLIT_TARGET, two positive ints")
         split_attrs.append((int(keys), int(target)))
+    if not all(r.isdigit() and int(r) >= 1 for r in args.attention_rows.split(",")):
+        ap.error(f"--attention-rows {args.attention_rows!r}: want positive ints, comma-separated")
+    attention_rows = [int(r) for r in args.attention_rows.split(",")]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -328,7 +333,7 @@ def main() -> None:
     cases = [("index n=16384", lambda: index_case(16384, gen)),
              ("index n=131072", lambda: index_case(131072, gen))]
     cases += [(f"attention rows={r}", lambda r=r: attention_case(r, gen, split_attrs=split_attrs))
-              for r in (1, 16, 64, 128)]
+              for r in attention_rows]
     cases += [("engram decode b=1", lambda: engram_case(1, 1, gen)),
               ("engram prefill 8192", lambda: engram_case(1, 8192, gen)),
               ("mhc tokens=1", lambda: mhc_case(1, gen)), ("mhc tokens=4", lambda: mhc_case(4, gen)),

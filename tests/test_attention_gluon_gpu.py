@@ -32,6 +32,19 @@ def test_gluon_attention_flash_sizes(gen, s):
     assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, f"gluon attention, {s} rows")
 
 
+@pytest.mark.parametrize("s", [4, 8, 15])
+def test_default_launch_takes_gluon_from_gluon_rows(gen, s):
+    """From splits.GLUON_ROWS rows the default launch is the Gluon kernel (gluon_split_count's
+    splits: 16 / 8 / 4 at 4 / 8 / 15 rows on 132 SMs), below it the decode blocks."""
+    args = attention_inputs(gen, s)
+    launcher = attn_kernel.SparseAttentionLauncher()
+    q = cuda(args[0])[0]
+    assert launcher._config(q)[0]["GLUON"] and not launcher._config(q[:, :3])[0]["GLUON"]
+    poison_allocator()
+    got = launcher(*cuda(*args))
+    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, f"default launch, {s} rows")
+
+
 @pytest.mark.parametrize("s", [3, 67])
 def test_gluon_attention_unsplit(gen, s):
     """n_split 1: the softmax partition hands the final max and sum to the accumulating one, which

@@ -391,6 +391,13 @@ def test_sparse_attention_batch_form_rule():
     assert [attn_splits.split_count(r, 1, 132) for r in (16, 32, 40, 64, 66, 67, 200)] == [8, 4, 3, 2, 2, 1, 1]
     # the Gluon form: about one program per two SMs (its measured best at 16-128 rows)
     assert [attn_splits.gluon_split_count(r, 132) for r in (16, 20, 32, 40, 64, 128)] == [4, 3, 2, 1, 1, 1]
+    # ... which the JIT launch takes from GLUON_ROWS rows, below BATCH_ROWS too: 64 wide heads, 16-bit
+    assert attn_splits.GLUON_ROWS == 4 < attn_splits.BATCH_ROWS
+    assert [attn_splits.gluon_form(64, 512, r, False) for r in (None, 1, 3, 4, 8, 200)] == [
+        False, False, False, True, True, True]
+    assert attn_splits.gluon_form(64, 256, 4, False) and not attn_splits.gluon_form(64, 512, 8, True)
+    assert not attn_splits.gluon_form(32, 512, 8, False) and not attn_splits.gluon_form(64, 128, 8, False)
+    assert [attn_splits.gluon_split_count(r, 132) for r in (4, 8, 12)] == [16, 8, 5]
 
 
 @pytest.mark.parametrize("heads,dim,dtype,message", [

@@ -264,7 +264,7 @@ class SparseAttentionLauncher(LauncherBase):
         require(isinstance(cfg.get("INDEX_AHEAD", False), bool),
                 f"Csa2SparseAttention: INDEX_AHEAD {cfg.get('INDEX_AHEAD')!r} must be True or False")
         if not self._overrides:  # the default; a sweep of Triton settings (any override) stays Triton
-            cfg["GLUON"] = (splits.batch_form(h, d, b * s, ieee=q.dtype == torch.float32)
+            cfg["GLUON"] = (splits.gluon_form(h, d, b * s, ieee=q.dtype == torch.float32)
                             and _gluon_problem(q) is None)
         gluon_keys = {"GLUON_KB", "GLUON_STAGES"} & set(self._overrides)
         require(not gluon_keys or cfg.get("GLUON", False),

@@ -17,12 +17,13 @@ from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.launch import next_pow2
 from dsflash.plugins.sizes import H200_SMS, TORCH_SIZES, SizeOps, trt_sizes
 
-__all__ = ["AHEAD_ROWS", "BATCH_ROWS", "H200_SMS", "TORCH_SIZES", "SizeOps", "batch_form",
-           "default_split_target", "export_attrs", "gluon_split_count", "key_blocks", "launch_config",
-           "max_splits", "split_count", "split_plan", "trt_sizes"]
+__all__ = ["AHEAD_ROWS", "BATCH_ROWS", "GLUON_ROWS", "H200_SMS", "TORCH_SIZES", "SizeOps", "batch_form",
+           "default_split_target", "export_attrs", "gluon_form", "gluon_split_count", "key_blocks",
+           "launch_config", "max_splits", "split_count", "split_plan", "trt_sizes"]
 
 BATCH_ROWS = 16  # query rows from which wide heads take the batch form (batch_form)
 AHEAD_ROWS = 64  # ... up to which it gathers 32-key blocks with the ids a step ahead; above, 64-key blocks
+GLUON_ROWS = 4  # query rows from which 16-bit wide heads take the warp-specialized Gluon kernel (gluon_form)
 
 
 def launch_config(heads: int, dim: int, ieee: bool, rows: int | None = None) -> dict:
@@ -64,6 +65,18 @@ def batch_form(heads: int, dim: int, rows: int | None, ieee: bool) -> bool:
     24.5 / 22.3, 32 rows 52.2 against 29.3 / 28.6, 64 rows 77.2 against 51.7 / 44.1, 128 rows
     130.6 against 76.4 / 62.2."""
     return (not ieee and rows is not None and rows >= BATCH_ROWS and heads == 64
+            and 256 <= next_pow2(dim, 16) <= 512)
+
+
+def gluon_form(heads: int, dim: int, rows: int | None, ieee: bool) -> bool:
+    """Whether the JIT launch of `rows` query rows takes the warp-specialized Gluon kernel
+    (kernel.py also asks for an sm_90 GPU and kernel.gluon_shape_problem's shapes): 64 heads of
+    256-512 dims, 16-bit operands, from GLUON_ROWS rows, below BATCH_ROWS too, where the Triton
+    launch keeps its decode blocks. H100, 128K entries per row, random picks
+    (attention_ablation.py, one call, 2026-12-06), us, the decode blocks against the Gluon kernel
+    in gluon_split_count's splits: 2 rows 9.4 against 10.2, 4 rows 12.9 against 11.0, 8 rows 18.6
+    against 13.4, 12 rows 21.2 against 14.2."""
+    return (not ieee and rows is not None and rows >= GLUON_ROWS and heads == 64
             and 256 <= next_pow2(dim, 16) <= 512)
 
 
