@@ -89,9 +89,9 @@ def optimization_profiles(bundle: Bundle, graph: str, max_batch: int, capacity: 
 
     TensorRT times each plugin's tactics at the opt shapes only, and an engine keeps those picks
     for every batch of the profile. Where they differ most: decoder_step's split attention node
-    takes the Triton decode blocks for a few rows and the Gluon kernel from ~16 (H100, both nodes:
-    one row 8.1 against 9.9 us, 64 rows 81.4 against 34.1; docs/benchmarks.md, session 39), so
-    opt_batch should be the batch a deployment serves most."""
+    is fastest with the Triton decode blocks at 1-2 rows and with the Gluon kernel from 4 (H100,
+    both nodes: one row 8.1 against 9.9 us, 8 rows 16.0 against 13.4, 64 rows 81.4 against 34.1;
+    docs/benchmarks.md, session 39), so opt_batch should be the batch a deployment serves most."""
     cfg = bundle.config
     opt_batch = max_batch if opt_batch is None else opt_batch
     if max_rows < 1 or max_batch < 1 or capacity < max_rows:
