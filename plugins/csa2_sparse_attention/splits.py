@@ -64,8 +64,12 @@ def batch_form(heads: int, dim: int, rows: int | None, ieee: bool) -> bool:
     8 rows 17.5 against 18.0 (64 keys), 16 rows 37.0 against 21.4 / 23.2, 24 rows 43.5 against
     24.5 / 22.3, 32 rows 52.2 against 29.3 / 28.6, 64 rows 77.2 against 51.7 / 44.1, 128 rows
     130.6 against 76.4 / 62.2."""
-    return (not ieee and rows is not None and rows >= BATCH_ROWS and heads == 64
-            and 256 <= next_pow2(dim, 16) <= 512)
+    return _wide_16bit(heads, dim, ieee) and rows is not None and rows >= BATCH_ROWS
+
+
+def _wide_16bit(heads: int, dim: int, ieee: bool) -> bool:
+    """64 heads of 256-512 dims in 16-bit operands: the shapes of batch_form and gluon_form."""
+    return not ieee and heads == 64 and 256 <= next_pow2(dim, 16) <= 512
 
 
 def gluon_form(heads: int, dim: int, rows: int | None, ieee: bool) -> bool:
@@ -76,8 +80,7 @@ def gluon_form(heads: int, dim: int, rows: int | None, ieee: bool) -> bool:
     (attention_ablation.py, one call, 2026-12-06), us, the decode blocks against the Gluon kernel
     in gluon_split_count's splits: 2 rows 9.4 against 10.2, 4 rows 12.9 against 11.0, 8 rows 18.6
     against 13.4, 12 rows 21.2 against 14.2."""
-    return (not ieee and rows is not None and rows >= GLUON_ROWS and heads == 64
-            and 256 <= next_pow2(dim, 16) <= 512)
+    return _wide_16bit(heads, dim, ieee) and rows is not None and rows >= GLUON_ROWS
 
 
 def split_count(rows: int, head_blocks: int, sms: int = H200_SMS) -> int:

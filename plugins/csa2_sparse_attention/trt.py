@@ -46,19 +46,25 @@ def aot_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float,
 
 
 def gluon_aot_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float,
-                     idx_dtype: torch.dtype = torch.int64, aligned: bool = True) -> tuple[AotKernel, dict]:
-    """The Gluon kernel unsplit for TensorRT (GLUON tactic): 12 warps, the kernel's register cap
-    in the PTX (.maxnreg), 214 KB of shared memory; the partials' pointers constant None as in
-    aot_kernel. sm_90 only (wgmma, setmaxnreg): TensorRT times it on the GPU it builds for."""
+                     idx_dtype: torch.dtype = torch.int64, aligned: bool = True, split: bool = False,
+                     block_keys: int | None = None, stages: int | None = None) -> tuple[AotKernel, dict]:
+    """The Gluon kernel for TensorRT: unsplit as this plugin's GLUON tactic (the partials'
+    pointers constant None as in aot_kernel; 64-key blocks in GLUON_STAGES stages, 214 KB of
+    shared memory), or with `split` as the split node's (trt_split.py; the output pointer constant
+    None, the node's `block_keys` in `stages`). 12 warps, the kernel's register cap in the PTX
+    (.maxnreg). sm_90 only (wgmma, setmaxnreg): TensorRT times it on the GPU it builds for."""
     from dsflash.plugins.csa2_sparse_attention import gluon_batch
 
-    sig = {k: v for k, v in kernel_signature(dtype, idx_dtype).items() if k not in ("acc_ptr", "ml_ptr")}
-    keys = kernel.gluon_block_keys()
-    consts = dict(H=heads, D=dim, SCALE=float(scale), KB=keys, STAGES=kernel.GLUON_STAGES, SPLIT=False,
-                  acc_ptr=None, ml_ptr=None, num_warps=8)
+    dropped = ("out_ptr",) if split else ("acc_ptr", "ml_ptr")
+    sig = {k: v for k, v in kernel_signature(dtype, idx_dtype).items() if k not in dropped}
+    keys = kernel.gluon_block_keys() if block_keys is None else block_keys
+    stages = kernel.GLUON_STAGES if stages is None else stages
+    consts = dict(H=heads, D=dim, SCALE=float(scale), KB=keys, STAGES=stages, SPLIT=split,
+                  **dict.fromkeys(dropped), num_warps=8)
     compiled = compile_ptx(gluon_batch.csa2_sparse_attention_ws_kernel, sig, consts, 8, aligned=aligned,
                            maxnreg=gluon_batch.MAXNREG)
-    return compiled, {"BLOCK_H": heads, "BLOCK_K": keys, "GLUON": True}
+    return compiled, {"BLOCK_H": heads, "BLOCK_K": keys, "GLUON": True} | (
+        {"GLUON_STAGES": stages} if split else {})
 
 
 ROWS, DECODE, BATCH, GLUON = 1, 2, 3, 4  # tactic ids (TensorRT wants positive integers)

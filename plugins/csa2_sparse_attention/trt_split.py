@@ -16,7 +16,7 @@ import torch
 from dsflash.plugins.aot import AotKernel, AotLaunch, cdiv_expr, compile_ptx, constant, pointer
 from dsflash.plugins.csa2_sparse_attention import kernel, splits
 from dsflash.plugins.csa2_sparse_attention.decl import COMBINE_DECL, SPLIT_DECL
-from dsflash.plugins.csa2_sparse_attention.trt import kernel_signature
+from dsflash.plugins.csa2_sparse_attention.trt import gluon_aot_kernel, kernel_signature
 from dsflash.plugins.declaration import DOMAIN
 from dsflash.plugins.launch import next_pow2
 
@@ -61,22 +61,15 @@ def gluon_problem(dtype: torch.dtype, heads: int, dim: int, block_keys: int) -> 
 def gluon_split_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float, block_keys: int,
                        idx_dtype: torch.dtype = torch.int64, aligned: bool = True,
                        stages: int | None = None) -> tuple[AotKernel, dict]:
-    """The Gluon kernel with SPLIT on for TensorRT (the GLUON tactic): the output pointer constant
-    None as in split_kernel, 12 warps, the kernel's register cap in the PTX (.maxnreg); `stages`
-    None: gluon_stages. sm_90 only (wgmma, setmaxnreg): TensorRT times it on the GPU it builds for."""
-    from dsflash.plugins.csa2_sparse_attention import gluon_batch
-
+    """The Gluon kernel with SPLIT on for TensorRT (the GLUON tactic; trt.gluon_aot_kernel): the
+    same arguments as split_kernel's; `stages` None: gluon_stages."""
     problem = gluon_problem(dtype, heads, dim, block_keys)
     if problem is not None:
         raise ValueError(f"Csa2SparseAttentionSplit: {problem}")
     stages = gluon_stages(heads, dim, dtype, block_keys) if stages is None else stages
     kernel.check_gluon_blocks(heads, dim, dtype, block_keys, stages)
-    sig = {k: v for k, v in kernel_signature(dtype, idx_dtype).items() if k != "out_ptr"}
-    consts = dict(H=heads, D=dim, SCALE=float(scale), KB=block_keys, STAGES=stages, SPLIT=True, out_ptr=None,
-                  num_warps=8)
-    compiled = compile_ptx(gluon_batch.csa2_sparse_attention_ws_kernel, sig, consts, 8, aligned=aligned,
-                           maxnreg=gluon_batch.MAXNREG)
-    return compiled, {"BLOCK_H": heads, "BLOCK_K": block_keys, "GLUON": True, "GLUON_STAGES": stages}
+    return gluon_aot_kernel(dtype, heads, dim, scale, idx_dtype, aligned, split=True, block_keys=block_keys,
+                            stages=stages)
 
 
 def split_kernel(dtype: torch.dtype, heads: int, dim: int, scale: float, block_keys: int,
