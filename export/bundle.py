@@ -138,6 +138,18 @@ class Bundle:
         return getattr(torch, name)
 
     @property
+    def decode_attention(self) -> str:
+        """decoder_step's attention nodes in the plugin flavor ("split" or "single";
+        export/onnx_export.py:DECODE_ATTENTION_FORMS); bundles from before the option: "split"."""
+        from dsflash.export.onnx_export import DECODE_ATTENTION_FORMS
+
+        form = self.manifest.get("export_options", {}).get("decode_attention", "split")
+        if form not in DECODE_ATTENTION_FORMS:
+            raise BundleError(f"bundle {self.path} has decode_attention {form!r}; forms: "
+                              f"{DECODE_ATTENTION_FORMS}")
+        return form
+
+    @property
     def flavors(self) -> list[str]:
         return sorted({f for g in self.manifest["graphs"].values() for f in g})
 
@@ -179,7 +191,8 @@ def model_dtype_name(model) -> str:
     return str(model.embed.weight.dtype).removeprefix("torch.")
 
 
-def _export_worker(cfg_dict: dict, vocab_map, weights: str, dtype: str, graph: str, flavor: str) -> bytes:
+def _export_worker(cfg_dict: dict, vocab_map, weights: str, dtype: str, decode_attention: str, graph: str,
+                   flavor: str) -> bytes:
     """Export one graph in a fresh process (weights handed over as a safetensors file), in the
     parent model's dtype: a bf16 model exports bf16 graphs from any number of workers."""
     import torch
@@ -190,10 +203,10 @@ def _export_worker(cfg_dict: dict, vocab_map, weights: str, dtype: str, graph: s
 
     model = DSFlashModel(ModelConfig.from_dict(cfg_dict), vocab_map=vocab_map).eval()
     load_safetensors(model.to(getattr(torch, dtype)), weights)
-    return export_graph(model, graph, flavor).SerializeToString()
+    return export_graph(model, graph, flavor, decode_attention).SerializeToString()
 
 
-def _export_all(model, jobs: list[tuple[str, str]], workers: int, progress) -> dict:
+def _export_all(model, jobs: list[tuple[str, str]], workers: int, progress, decode_attention: str) -> dict:
     import onnx
 
     from dsflash.export.onnx_export import export_graph
@@ -203,7 +216,7 @@ def _export_all(model, jobs: list[tuple[str, str]], workers: int, progress) -> d
         for graph, flavor in jobs:
             if progress:
                 progress(f"exporting {graph} ({flavor})")
-            protos[(graph, flavor)] = export_graph(model, graph, flavor)
+            protos[(graph, flavor)] = export_graph(model, graph, flavor, decode_attention)
         return protos
     import multiprocessing as mp
     import tempfile
@@ -217,8 +230,8 @@ def _export_all(model, jobs: list[tuple[str, str]], workers: int, progress) -> d
         vocab = model.engram_vocab_map.cpu().numpy()
         with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
             dtype = model_dtype_name(model)
-            futures = {job: pool.submit(_export_worker, model.cfg.to_dict(), vocab, weights, dtype, *job)
-                       for job in jobs}
+            futures = {job: pool.submit(_export_worker, model.cfg.to_dict(), vocab, weights, dtype,
+                                        decode_attention, *job) for job in jobs}
             protos = {}
             for job, fut in futures.items():
                 protos[job] = onnx.ModelProto.FromString(fut.result())
@@ -228,18 +241,23 @@ def _export_all(model, jobs: list[tuple[str, str]], workers: int, progress) -> d
 
 
 def write_bundle(model, out_dir: str | Path, name: str, flavors: tuple[str, ...],
-                 progress: Callable[[str], None] | None = None, workers: int = 1) -> Bundle:
+                 progress: Callable[[str], None] | None = None, workers: int = 1,
+                 decode_attention: str = "split") -> Bundle:
     """Export every graph in every flavor (in `workers` processes), share the weights, write
-    config and manifest."""
+    config and manifest. `decode_attention`: decoder_step's attention nodes in the plugin flavor
+    (export/onnx_export.py:DECODE_ATTENTION_FORMS), recorded in the manifest's export_options."""
     import onnx
 
-    from dsflash.export.onnx_export import write_shared_weights
+    from dsflash.export.onnx_export import check_decode_attention, write_shared_weights
+
+    check_decode_attention(decode_attention)
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg
     t0 = time.time()
-    protos = _export_all(model, [(g, f) for f in flavors for g in GRAPHS], workers, progress)
+    jobs = [(g, f) for f in flavors for g in GRAPHS]
+    protos = _export_all(model, jobs, workers, progress, decode_attention)
     write_shared_weights(protos, out)
     graphs: dict = {g: {} for g in GRAPHS}
     for (graph, flavor), proto in protos.items():
@@ -254,7 +272,8 @@ def write_bundle(model, out_dir: str | Path, name: str, flavors: tuple[str, ...]
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     manifest = {"format": MANIFEST_FORMAT, "name": name, "created": created,
                 "export_seconds": round(time.time() - t0, 1), "dtype": dtype, "versions": versions(),
-                "config": cfg.to_dict(), "contract": contract_dict(cfg), "graphs": graphs,
+                "config": cfg.to_dict(), "contract": contract_dict(cfg),
+                "export_options": {"decode_attention": decode_attention}, "graphs": graphs,
                 "files": {f: sha256_file(out / f) for f in files}}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     bundle = Bundle.open(out)

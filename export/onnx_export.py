@@ -21,6 +21,15 @@ from dsflash.model.moe import export_form
 
 log = logging.getLogger(__name__)
 FLAVORS = ("plugin", "portable")
+# decoder_step's attention in the plugin flavor: "split" (Csa2SparseAttentionSplit +
+# Csa2AttentionCombine: one decode row's keys spread over the GPU) or "single" (one
+# Csa2SparseAttention node, unsplit: no fp32 partials to write and merge, which wins at large
+# decode batches; H100, scripts/bench_aot.py, 2026-12-06: 32 rows 22.7 us split against 27.2
+# single, 48 rows 29.0 against 26.7, 64 rows 34.0 against 26.9, 128 rows 57.2 against 37.1,
+# 1 row 8.1 against 26.9). encoder_prefill's rows fill the GPU alone: one node in either.
+DECODE_ATTENTION_FORMS = ("split", "single")
+# the measured crossover (H100, above): the split pair wins up to 32 rows, one node from 48
+SPLIT_ATTENTION_UP_TO_ROWS, SINGLE_ATTENTION_FROM_ROWS = 32, 48
 # Example sizes for tracing: all distinct and > 1 so no dimension is specialised or equated.
 EXAMPLE_BATCH, EXAMPLE_ROWS, EXAMPLE_CAPACITY = 2, 5, 40
 
@@ -41,9 +50,16 @@ def translation_table(flavor: str) -> dict:
     return table
 
 
-def export_graph(model: DSFlashModel, graph: str, flavor: str):
-    """-> onnx.ModelProto with in-memory initializers named by the model's parameter names."""
-    proto = _export_program(model, graph, flavor).model_proto
+def check_decode_attention(form: str) -> str:
+    if form not in DECODE_ATTENTION_FORMS:
+        raise ValueError(f"unknown decode attention form {form!r}; forms: {DECODE_ATTENTION_FORMS}")
+    return form
+
+
+def export_graph(model: DSFlashModel, graph: str, flavor: str, decode_attention: str = "split"):
+    """-> onnx.ModelProto with in-memory initializers named by the model's parameter names.
+    `decode_attention`: decoder_step's attention nodes in the plugin flavor (DECODE_ATTENTION_FORMS)."""
+    proto = _export_program(model, graph, flavor, decode_attention).model_proto
     _clean(proto)
     return proto
 
@@ -55,9 +71,10 @@ def _clean(proto) -> None:
         node.doc_string = ""
 
 
-def _export_program(model: DSFlashModel, graph: str, flavor: str):
+def _export_program(model: DSFlashModel, graph: str, flavor: str, decode_attention: str = "split"):
     if flavor not in FLAVORS:
         raise ValueError(f"unknown flavor {flavor!r}; flavors: {FLAVORS}")
+    check_decode_attention(decode_attention)
     module = GraphModule(model, graph).eval()
     cfg = model.cfg
     example = module.example_inputs(EXAMPLE_BATCH, EXAMPLE_CAPACITY, EXAMPLE_ROWS,
@@ -70,8 +87,10 @@ def _export_program(model: DSFlashModel, graph: str, flavor: str):
     model.ops.backend = "custom_op" if flavor == "plugin" else "reference"
     # decoder_step runs decode steps (one row per sequence): its attention and mHC nodes take the
     # split forms, whose key / channel splits a TensorRT plugin cannot do inside one node
-    # (plugins/registry.py)
-    model.ops.split_attention = model.ops.split_mhc = flavor == "plugin" and graph == "decoder_step"
+    # (plugins/registry.py); the attention keeps one node where the export asks for it
+    decode_plugins = flavor == "plugin" and graph == "decoder_step"
+    model.ops.split_mhc = decode_plugins
+    model.ops.split_attention = decode_plugins and decode_attention == "split"
     # kv_qat's FP4 entries: a decode step decodes the ones it selects, a prefill all of them once
     model.ops.entry_form = "selected" if graph == "decoder_step" else "all"
     try:
@@ -128,7 +147,7 @@ def write_shared_weights(protos: dict[str, object], out_dir: Path, weights_name:
     log.info("wrote %d distinct tensors to %s", len(offsets), weights_name)
 
 
-def export_structure(cfg, graph: str, flavor: str, path: str | Path) -> None:
+def export_structure(cfg, graph: str, flavor: str, path: str | Path, decode_attention: str = "split") -> None:
     """Export a graph of a config built on the meta device, without weights: checks that a size
     exports (and shows its graph) without materialising its parameters."""
     with torch.device("meta"):
@@ -136,7 +155,7 @@ def export_structure(cfg, graph: str, flavor: str, path: str | Path) -> None:
     model = model.to("meta")  # buffers made from numpy (the Engram vocab map) too
     import onnx
 
-    _export_program(model, graph, flavor).save(str(path), include_initializers=False)
+    _export_program(model, graph, flavor, decode_attention).save(str(path), include_initializers=False)
     proto = onnx.load(str(path))
     _clean(proto)
     onnx.save(proto, str(path))

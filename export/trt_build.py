@@ -105,6 +105,26 @@ def optimization_profiles(bundle: Bundle, graph: str, max_batch: int, capacity: 
                      t.resolve(cfg, max_batch, capacity, max_rows)) for t in graph_inputs(cfg, graph)}
 
 
+def decode_attention_advice(bundle: Bundle, opt_rows: int) -> str | None:
+    """A line for the build log where the bundle's decoder_step attention form (the export's
+    --decode-attention) is the slower one at `opt_rows` query rows per step (the profiles' opt
+    batch: a decode step has one row per sequence), by the crossover measured on an H100
+    (export/onnx_export.py); None otherwise."""
+    from dsflash.export.onnx_export import SINGLE_ATTENTION_FROM_ROWS, SPLIT_ATTENTION_UP_TO_ROWS
+
+    if opt_rows < 1:
+        raise ValueError(f"opt_rows must be >= 1, got {opt_rows}")
+    form = bundle.decode_attention
+    if form == "split" and opt_rows >= SINGLE_ATTENTION_FROM_ROWS:
+        better, why = "single", f"one node is faster from {SINGLE_ATTENTION_FROM_ROWS} rows"
+    elif form == "single" and opt_rows <= SPLIT_ATTENTION_UP_TO_ROWS:
+        better, why = "split", f"the split pair is faster up to {SPLIT_ATTENTION_UP_TO_ROWS} rows"
+    else:
+        return None
+    return (f"decoder_step's attention is in the {form!r} form, tuned here for {opt_rows} rows per step; "
+            f"{why} (H100): a bundle exported with --decode-attention {better} would serve this batch faster")
+
+
 def build_plan(bundle: Bundle, graph: str, profiles: dict, timing_cache: Path | None = None) -> Path:
     """Build and write plans/<graph>.plan (needs the full `tensorrt` package and a GPU)."""
     import onnx

@@ -33,12 +33,15 @@ def main() -> int:
     import onnx
 
     from dsflash.export.bundle import Bundle
-    from dsflash.export.trt_build import build_plan, optimization_profiles, preflight
+    from dsflash.export.trt_build import build_plan, decode_attention_advice, optimization_profiles, preflight
 
     bundle = Bundle.open(args.bundle)
     for graph in ("encoder_prefill", "decoder_step"):
         ops = preflight(onnx.load(str(bundle.graph_path(graph, "plugin")), load_external_data=False))
         log.info("%s: plugins %s", graph, ", ".join(ops))
+    advice = decode_attention_advice(bundle, args.opt_batch or args.max_batch)
+    if advice:
+        log.warning(advice)
     if args.preflight_only:
         return 0
     rows = {"encoder_prefill": args.max_prompt, "decoder_step": args.max_step}
