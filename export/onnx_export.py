@@ -24,9 +24,10 @@ FLAVORS = ("plugin", "portable")
 # decoder_step's attention in the plugin flavor: "split" (Csa2SparseAttentionSplit +
 # Csa2AttentionCombine: one decode row's keys spread over the GPU) or "single" (one
 # Csa2SparseAttention node, unsplit: no fp32 partials to write and merge, which wins at large
-# decode batches; H100, scripts/bench_aot.py, 2026-12-06: 32 rows 22.7 us split against 27.2
-# single, 48 rows 29.0 against 26.7, 64 rows 34.0 against 26.9, 128 rows 57.2 against 37.1,
-# 1 row 8.1 against 26.9). encoder_prefill's rows fill the GPU alone: one node in either.
+# decode batches; H100, scripts/bench_aot.py --attention-decode, 2026-12-06, both forms' best
+# tactics: batch 32 23.4 us split against 27.5 single, 48 30.0 against 26.8, 64 36.2 against
+# 29.4, 128 59.1 against 44.8, 1 7.9 against 27.0). encoder_prefill's rows fill the GPU alone:
+# one node in either.
 DECODE_ATTENTION_FORMS = ("split", "single")
 # the measured crossover (H100, above): the split pair wins up to 32 rows, one node from 48
 SPLIT_ATTENTION_UP_TO_ROWS, SINGLE_ATTENTION_FROM_ROWS = 32, 48

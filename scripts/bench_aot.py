@@ -187,16 +187,21 @@ def index_case(n: int, gen) -> dict:
                    [q, w, k, visible], lambda: [torch.empty(1, 1, n, device="cuda")], 1e-5)
 
 
-def attention_case(rows: int, gen, settings: dict | None = None, split_attrs: tuple = ()) -> dict:
+def attention_case(rows: int, gen, settings: dict | None = None, split_attrs: tuple = (),
+                   decode: bool = False) -> dict:
     """settings: label -> (aligned, launch_config overrides); by default the plugin's tactics, and the
     first compiled for any pointer alignment. split_attrs: (block_keys, split_target) pairs to time
-    the split form under besides the export's, every tactic those allow."""
+    the split form under besides the export's, every tactic those allow. decode: decoder_step's
+    shapes, `rows` sequences of one row each, every one over its own 64K entries and window
+    (made on the GPU: 8.6 GB of entries at 128 rows); else one sequence of `rows` rows."""
     n = 65536
-    q = torch.randn(1, rows, HEADS, HEAD_DIM, generator=gen).to("cuda", BF16)
-    kv = torch.randn(1, n, HEAD_DIM, generator=gen).to("cuda", BF16)
-    idx = torch.randint(0, n, (1, rows, TOPK), generator=gen).cuda()
-    win = torch.randn(1, WINDOW + rows, HEAD_DIM, generator=gen).to("cuda", BF16)
-    wmask = torch.ones(1, rows, WINDOW + rows, dtype=torch.bool, device="cuda")
+    b, s = (rows, 1) if decode else (1, rows)
+    cuda_gen = torch.Generator("cuda").manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    q = torch.randn(b, s, HEADS, HEAD_DIM, generator=gen).to("cuda", BF16)
+    kv = torch.randn(b, n, HEAD_DIM, generator=cuda_gen, device="cuda").to(BF16)
+    idx = torch.randint(0, n, (b, s, TOPK), generator=gen).cuda()
+    win = torch.randn(b, WINDOW + s, HEAD_DIM, generator=gen).to("cuda", BF16)
+    wmask = torch.ones(b, s, WINDOW + s, dtype=torch.bool, device="cuda")
     sink = torch.randn(HEADS, generator=gen).cuda()
     scale = HEAD_DIM ** -0.5
     launcher = attn_kernel.SparseAttentionLauncher()
@@ -214,7 +219,8 @@ def attention_case(rows: int, gen, settings: dict | None = None, split_attrs: tu
                               for t in attn_split_trt.tactics(BF16, HEADS, HEAD_DIM, attrs["block_keys"])
                               for c in attn_split_trt.combine_tactics()},
                              lambda t, c, attrs=attrs: split_form(q, kv, idx, win, scale, t, c, attrs))
-    return compare(f"attention rows={rows}", lambda: launcher(q, kv, idx, win, wmask, sink, scale), variants,
+    name = f"attention batch={rows}" if decode else f"attention rows={rows}"
+    return compare(name, lambda: launcher(q, kv, idx, win, wmask, sink, scale), variants,
                    [q, kv, idx, win, wmask, sink], lambda: [torch.empty_like(q)], 1e-2)
 
 
@@ -311,6 +317,8 @@ def main() -> None:
     ap.add_argument("--only", default="", help="only the cases whose name contains this, e.g. mhc")
     ap.add_argument("--attention-rows", default="1,16,64,128",
                     help="query rows of the attention cases, comma-separated")
+    ap.add_argument("--attention-decode", action="store_true",
+                    help="the attention cases in decoder_step's shapes: ROWS sequences of one row each")
     ap.add_argument("--split-attrs", default="",
                     help="also time the attention's split form under these split attributes: "
                          "BLOCK_KEYS:SPLIT_TARGET,... (e.g. 64:66,64:132)")
@@ -332,7 +340,9 @@ def main() -> None:
            "torch": torch.__version__, "triton": triton.__version__, "cases": {}}
     cases = [("index n=16384", lambda: index_case(16384, gen)),
              ("index n=131072", lambda: index_case(131072, gen))]
-    cases += [(f"attention rows={r}", lambda r=r: attention_case(r, gen, split_attrs=split_attrs))
+    label = "batch" if args.attention_decode else "rows"
+    cases += [(f"attention {label}={r}", lambda r=r: attention_case(r, gen, split_attrs=split_attrs,
+                                                                     decode=args.attention_decode))
               for r in attention_rows]
     cases += [("engram decode b=1", lambda: engram_case(1, 1, gen)),
               ("engram prefill 8192", lambda: engram_case(1, 8192, gen)),

@@ -51,8 +51,8 @@ def main() -> None:
     ap.add_argument("--decode-attention", default="split", choices=["split", "single"],
                     help="decoder_step's attention in the plugin flavor: split (two nodes, the keys of a "
                          "decode row spread over the GPU; best up to ~32 rows per step) or single (one "
-                         "node; best from ~48 rows: H100, 64 rows 26.9 against 34.0 us, 128 rows 37.1 "
-                         "against 57.2; one row 26.9 against 8.1)")
+                         "node; best from ~48 rows: H100, batch 64 29.4 against 36.2 us, 128 44.8 "
+                         "against 59.1; one row 27.0 against 7.9)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     for noisy in ("torch", "onnxscript", "onnx_ir"):

@@ -39,11 +39,13 @@ def mhc_inputs(gen, tokens, c=4, e=5120):
             (torch.rand(e, generator=gen) + 0.5).to(BF16))
 
 
-def attention_inputs(gen, s, n=5000, k=512):
-    """(q, kv, idx, win_kv, win_mask, sink, scale) for s query rows at the released head sizes:
+def attention_inputs(gen, s, n=5000, k=512, batch=1):
+    """(q, kv, idx, win_kv, win_mask, sink, scale) for `batch` sequences of s query rows at the
+    released head sizes (a decode step: s = 1, one row per sequence, each over its own entries):
     indices from -1 (none) up, a window of 128 + s keys partly masked."""
     t = 128 + s
-    return (torch.randn(1, s, 64, 512, generator=gen).to(BF16),
-            torch.randn(1, n, 512, generator=gen).to(BF16),
-            torch.randint(-1, n, (1, s, k), generator=gen), torch.randn(1, t, 512, generator=gen).to(BF16),
-            torch.rand(1, s, t, generator=gen) > 0.3, torch.randn(64, generator=gen), 512 ** -0.5)
+    b = batch
+    return (torch.randn(b, s, 64, 512, generator=gen).to(BF16),
+            torch.randn(b, n, 512, generator=gen).to(BF16),
+            torch.randint(-1, n, (b, s, k), generator=gen), torch.randn(b, t, 512, generator=gen).to(BF16),
+            torch.rand(b, s, t, generator=gen) > 0.3, torch.randn(64, generator=gen), 512 ** -0.5)

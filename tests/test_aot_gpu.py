@@ -150,6 +150,34 @@ def test_aot_split_attention(gen, s, tactic):
                               f"split + combine (AOT, combine tactic {combine_tactic})")
 
 
+@pytest.mark.parametrize("batch", [5, 70])
+def test_aot_attention_at_decoder_steps_shapes(gen, batch):
+    """decoder_step's shapes: `batch` sequences of one row each, every sequence over its own
+    entries and window (the tests above run one sequence of s rows). The one-node attention in
+    every tactic (`--decode-attention single` exports it) and the split pair in every split and
+    combine tactic (the default export), against the one-node reference."""
+    gluon = torch.cuda.get_device_capability() == (9, 0)
+    args = attention_inputs(gen, 1, n=3001, batch=batch)
+    q, kv, idx, win, mask, sink, scale = args
+    inputs = cuda(q, kv, idx, win, mask, sink)
+    for tactic in attn_trt.tactics(BF16, 64, 512) if gluon else [1, 2, 3]:
+        launch = attn_trt.aot_launch(q.shape, kv.shape, idx.shape, win.shape, BF16, scale, tactic=tactic)
+        (out,) = run(launch, inputs, nan_outputs((tuple(q.shape), BF16)))
+        assert_kernel_matches(out, attn_ref.csa2_sparse_attention, args, {}, BF16,
+                              f"one node, tactic {tactic}, batch {batch}")
+    attrs = attn_splits.export_attrs(64, 512)
+    _, acc_shape, ml_shape = attn_split_trt.split_outputs(q.shape, idx.shape, win.shape, **attrs)
+    for tactic in attn_split_trt.tactics(BF16, 64, 512, attrs["block_keys"]) if gluon else [1, 2]:
+        split = attn_split_trt.aot_launch_split(q.shape, kv.shape, idx.shape, win.shape, BF16, scale, **attrs,
+                                                tactic=tactic)
+        acc, ml = run(split, inputs, nan_outputs((acc_shape, torch.float32), (ml_shape, torch.float32)))
+        for combine_tactic in attn_split_trt.combine_tactics():
+            combine = attn_split_trt.aot_launch_combine(q.shape, acc_shape, BF16, tactic=combine_tactic)
+            (out,) = run(combine, [*cuda(q), acc, ml, sink.cuda()], nan_outputs((tuple(q.shape), BF16)))
+            assert_kernel_matches(out, attn_ref.csa2_sparse_attention, args, {}, BF16,
+                                  f"split {tactic} + combine {combine_tactic}, batch {batch}")
+
+
 @pytest.mark.parametrize("batch,new", [(1, 1), (2, 4099)])
 def test_aot_engram_gather(gen, batch, new):
     cids, rows, mult, primes, offsets = engram_inputs(gen, batch, new)
