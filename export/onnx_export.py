@@ -52,6 +52,7 @@ def translation_table(flavor: str) -> dict:
 
 
 def check_decode_attention(form: str) -> str:
+    """`form` if it is one of DECODE_ATTENTION_FORMS, else a ValueError naming it and them."""
     if form not in DECODE_ATTENTION_FORMS:
         raise ValueError(f"unknown decode attention form {form!r}; forms: {DECODE_ATTENTION_FORMS}")
     return form
