@@ -2,7 +2,8 @@
 # Everything the GPU machine checks, in one script (PIPELINE.md §8): the kernel tests for real
 # (tests/test_kernels.py on CUDA, the gpu-marked tests, among them the AOT kernels run as TensorRT
 # runs them), the AOT compile of every plugin kernel for the flash sizes, and the microbenchmarks
-# (AOT against JIT, the kernels, the CSA2 layers at decode batches 1-64, then a whole decode step
+# (AOT against JIT, also in decoder_step's attention shapes, the kernels, the CSA2 layers at decode
+# batches 1-64, then a whole decode step
 # through the runtime) (tables last; JSON, plot and logs under $OUT).
 #   bash scripts/gpu_check.sh [--tests-only | --kernel-tests | --other-tests | --bench-only | --decode-only]
 #       [--quick] [--sweep]
@@ -65,6 +66,11 @@ fi
 if [ "$bench" = 1 ]; then
   python3 scripts/bench_floor.py --out "$OUT" 2>&1 | tail -2 | tee "$OUT/floor.log"
   python3 scripts/bench_aot.py --out "$OUT" 2>&1 | tee "$OUT/bench_aot.log" | grep -v "it/s\]" | tail -10
+  # the attention plugins in decoder_step's shapes: where one node overtakes the split pair
+  # (scripts/export.py --decode-attention)
+  mkdir -p "$OUT/decode_attention"
+  python3 scripts/bench_aot.py --out "$OUT/decode_attention" --only attention --attention-decode \
+    --attention-rows 1,16,32,48,64,128 2>&1 | tee "$OUT/bench_aot_decode.log" | grep -v "it/s\]" | tail -7
   python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\]" | tail -36
   python3 scripts/bench_layer_batch.py --out "$OUT" 2>&1 | tee "$OUT/bench_layer_batch.log" \
     | grep -v "it/s\]" | tail -8
