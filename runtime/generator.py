@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from dsflash.model.config_checks import whole_number
-from dsflash.model.generate import sample_next
+from dsflash.model.generate import select_tokens
 from dsflash.model.model import check_prefill_mode, encoder_rows
 from dsflash.runtime.cache_manager import CacheManager
 from dsflash.runtime.request import GenerationParams, Request
@@ -163,7 +163,7 @@ class Generator:
         for b in sizes:
             t0 = time.perf_counter()
             outputs, _ = self._run("decoder_step", list(range(b)), torch.zeros(b, 1, dtype=torch.int64))
-            outputs["logits"].detach().float().cpu()  # as _decode: waits for the step
+            outputs["logits"].argmax(-1).cpu()  # as _decode's greedy rows: waits for the step
             seconds[f"decode {b}"] = time.perf_counter() - t0
             log.info("warm-up: decode step of %d sequences in %.2f s", b, seconds[f"decode {b}"])
         return seconds
@@ -228,18 +228,20 @@ class Generator:
             self._call("encoder_prefill", [req.slot], ids[:, :split])
         logits = self._call("decoder_step", [req.slot], ids[:, split:])["logits"]
         self.running[req.request_id] = req
-        return self._accept(req, logits[0])
+        return self._accept(req, self._select([req], logits[:1])[0])
 
     def _decode(self, batch: list[Request]) -> list[TokenEvent]:
         ids = torch.tensor([[r.tokens[-1]] for r in batch], dtype=torch.int64)
         logits = self._call("decoder_step", [r.slot for r in batch], ids)["logits"]
-        logits = logits.detach().float().cpu()  # one copy to the host for the whole batch
-        return [self._accept(r, logits[i]) for i, r in enumerate(batch)]
+        return [self._accept(r, tok) for r, tok in zip(batch, self._select(batch, logits))]
 
-    def _accept(self, req: Request, logits_V: torch.Tensor) -> TokenEvent:
-        # sampling on the host: seeded CPU generators, and one small copy per token
-        logits_V = logits_V.detach().float().cpu()
-        tok = int(sample_next(logits_V.unsqueeze(0), req.params.sampling, self._rngs[req.request_id])[0])
+    def _select(self, batch: list[Request], logits_BV: torch.Tensor) -> list[int]:
+        """The batch's next tokens: greedy rows by argmax on the engine's device, sampled rows on the
+        host with each request's seeded CPU generator (model/generate.py:select_tokens)."""
+        return select_tokens(logits_BV, [r.params.sampling for r in batch],
+                             [self._rngs[r.request_id] for r in batch])
+
+    def _accept(self, req: Request, tok: int) -> TokenEvent:
         if req.t_first_token is None:
             req.t_first_token = time.perf_counter()
         req.tokens.append(tok)

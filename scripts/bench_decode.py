@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """A whole decode step through the runtime (PIPELINE.md §8): the cache manager's feeds, the
-decoder_step engine, the cache write and the logits' copy to the host, as the generator runs
-them, for a model with random weights over a synthetic cache of `context` tokens per sequence.
+decoder_step engine, the cache write and the greedy rows' token ids to the host (select_tokens;
+--host-logits: every row's logits, as the generator copied them before session 40), as the
+generator runs them, for a model with random weights over a synthetic cache of `context` tokens
+per sequence.
 
 Modes (each after a warm-up, on the same state; the first step's logits are compared):
   reference      reference ops, eager (the spec)
@@ -46,6 +48,7 @@ from tqdm import tqdm
 
 from dsflash.model.accounting import decode_step_bytes
 from dsflash.model.config import ModelConfig
+from dsflash.model.generate import SamplingParams, select_tokens
 from dsflash.model.model import DSFlashModel
 from dsflash.runtime.cache_manager import CacheManager, synthetic_cache
 from dsflash.runtime.engine import TUNED_COMPILE, TorchEngine
@@ -91,10 +94,14 @@ def engine_for(model, mode: str, kept: dict | None = None) -> TorchEngine:
     return engine
 
 
-def run_steps(engine: TorchEngine, cm: CacheManager, mode: str, ids_list: list) -> tuple[list, torch.Tensor]:
-    """Decode steps as the generator makes them; seconds per step and the first step's logits."""
+def run_steps(engine: TorchEngine, cm: CacheManager, mode: str, ids_list: list,
+              host_logits: bool = False) -> tuple[list, torch.Tensor]:
+    """Decode steps as the generator makes them, greedy rows (their ids to the host; with
+    `host_logits`, every row's logits, as the generator did before session 40); seconds per step
+    and the first step's logits (copied outside the timing)."""
     slots = list(range(cm.slots))
     names = engine.input_names
+    greedy = [SamplingParams()] * len(slots)
     times, first = [], None
     for ids in ids_list:
         t0 = time.perf_counter()
@@ -106,9 +113,12 @@ def run_steps(engine: TorchEngine, cm: CacheManager, mode: str, ids_list: list) 
             feeds, resident = cm.feeds(slots, names, ids), names[1:]
         out = engine.run(feeds, resident=resident)
         cm.write("decoder_step", slots, out, feeds["seq_len"])
-        logits = out["logits"].float().cpu()  # the generator samples on the host
+        if host_logits:
+            out["logits"].float().cpu()
+        else:
+            select_tokens(out["logits"], greedy, [None] * len(slots))
         times.append(time.perf_counter() - t0)
-        first = logits if first is None else first
+        first = out["logits"].float().cpu() if first is None else first
     return times, first
 
 
@@ -127,7 +137,7 @@ def bench_case(model, cfg, batch: int, context: int, args, bw: float, kept: dict
             v.copy_(snapshot[k])
         cm.sync_lengths()
         engine = engine_for(model, mode, kept)
-        times, logits[mode] = run_steps(engine, cm, mode, ids_list)
+        times, logits[mode] = run_steps(engine, cm, mode, ids_list, args.host_logits)
         ms = statistics.median(times[warm:]) * 1e3
         roof_ms = (need["weights"] + need["cache"]) / (bw * 1e9) * 1e3
         # the first step captures a graph (and compiles, for a new shape): seconds, apart
@@ -169,6 +179,36 @@ def profile_graph_step(model, cfg, batch: int, context: int, args, mode: str, ke
     return "\n".join(lines)
 
 
+def token_select_ms(batch: int, vocab: int, device: str, seed: int, reps: int = 20) -> dict:
+    """Milliseconds (median of `reps`) to pick a decode batch's tokens from bf16 logits of `vocab`
+    on the device: every row's logits to the host in fp32 (the generator before session 40),
+    select_tokens for greedy rows (ids only), and for seeded top-k sampled rows (their logits
+    to the host)."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(batch, vocab, generator=gen).to(device, torch.bfloat16)
+    sampled = SamplingParams(temperature=0.8, top_k=50)
+    ways = {"host_logits": lambda: logits.float().cpu(),
+            "greedy_ids": lambda: select_tokens(logits, [SamplingParams()] * batch, [None] * batch),
+            "sampled_rows": lambda: select_tokens(logits, [sampled] * batch,
+                                                  [torch.Generator().manual_seed(i) for i in range(batch)])}
+    on_host = logits.float().cpu()
+    if ways["greedy_ids"]() != on_host.argmax(-1).tolist():
+        raise AssertionError(f"batch {batch}: select_tokens' greedy ids on {device} differ from the "
+                             "argmax of the logits copied to the host")
+    res = {}
+    for name, way in ways.items():
+        way()  # warm-up
+        times = []
+        for _ in range(reps):
+            if device != "cpu":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            way()  # each returns host values: the copy waits for the device
+            times.append(time.perf_counter() - t0)
+        res[name] = 1e3 * statistics.median(times)
+    return res
+
+
 def table(results: list, modes: list, bw: float) -> str:
     last, others = modes[-1], modes[:-1]
     head = f"| batch | context | {' | '.join(f'{m} ms' for m in modes)} | {last} tok/s | "
@@ -197,6 +237,12 @@ def main() -> int:
                     help="the flash preset's FP8/FP4 round-trips, index keys stored in FP4")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--select-vocab", type=int, default=129280,
+                    help="also time picking each batch's tokens from logits of this vocab (flash's by "
+                         "default): every row's logits to the host against select_tokens; 0: skip")
+    ap.add_argument("--host-logits", action="store_true",
+                    help="time every row's logits copied to the host (the generator before session 40) "
+                         "instead of the greedy rows' ids")
     ap.add_argument("--profile", action="store_true",
                     help="also list the kernels of one graph / compiled step (first batch and context)")
     args = ap.parse_args()
@@ -214,13 +260,21 @@ def main() -> int:
     cases = [(int(b), int(c)) for c in args.contexts.split(",") for b in args.batches.split(",")]
     kept: dict = {}
     results = [bench_case(model, cfg, b, c, args, bw, kept) for b, c in tqdm(cases, desc="decode cases")]
+    selects = {}
+    if args.select_vocab > 0:
+        for b in sorted({b for b, _ in cases}):
+            selects[b] = token_select_ms(b, args.select_vocab, args.device, args.seed)
+            log.info("token selection, batch %d, vocab %d: %s", b, args.select_vocab,
+                     ", ".join(f"{k} {v:.3f} ms" for k, v in selects[b].items()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"config": args.config, "kv_qat": args.kv_qat,
             "dtype": args.dtype, "device": args.device, "copy_GBps": bw,
-            "warmup": args.warmup, "steps": args.steps, "modes": args.modes,
+            "warmup": args.warmup, "steps": args.steps, "modes": args.modes, "host_logits": args.host_logits,
             "gpu": torch.cuda.get_device_name() if args.device != "cpu" else "cpu"}
-    (out / "bench_decode.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    meta["select_vocab"] = args.select_vocab
+    (out / "bench_decode.json").write_text(json.dumps({"meta": meta, "results": results,
+                                                       "token_select_ms": selects}, indent=1))
     log.info("%s", table(results, args.modes, bw))
     if args.profile:
         reports = [profile_graph_step(model, cfg, *cases[0], args, mode, kept)
