@@ -24,6 +24,7 @@ import torch
 
 from dsflash.export.bundle import write_bundle
 from dsflash.export.contract import GRAPHS
+from dsflash.export.onnx_export import DECODE_ATTENTION_FORMS
 from dsflash.export.structure import StructureReport, write_structures
 from dsflash.model.config import ModelConfig
 from dsflash.model.model import DSFlashModel
@@ -48,7 +49,7 @@ def main() -> None:
                     help="the graphs' weights, activations and model-dtype state (bfloat16 bundles "
                          "run on ort-cuda, trt or torch; ONNX Runtime's CPU provider lacks bf16 kernels)")
     ap.add_argument("--workers", type=int, default=2, help="export processes (one graph each)")
-    ap.add_argument("--decode-attention", default="split", choices=["split", "single"],
+    ap.add_argument("--decode-attention", default="split", choices=DECODE_ATTENTION_FORMS,
                     help="decoder_step's attention in the plugin flavor: split (two nodes, the keys of a "
                          "decode row spread over the GPU; best up to ~32 rows per step) or single (one "
                          "node; best from ~48 rows: H100, batch 64 29.4 against 36.2 us, 128 44.8 "
