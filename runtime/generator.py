@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from dsflash.model.config_checks import whole_number
-from dsflash.model.generate import select_tokens
+from dsflash.model.sampling import select_tokens
 from dsflash.model.model import check_prefill_mode, encoder_rows
 from dsflash.runtime.cache_manager import CacheManager
 from dsflash.runtime.request import GenerationParams, Request
@@ -237,7 +237,7 @@ class Generator:
 
     def _select(self, batch: list[Request], logits_BV: torch.Tensor) -> list[int]:
         """The batch's next tokens: greedy rows by argmax on the engine's device, sampled rows on the
-        host with each request's seeded CPU generator (model/generate.py:select_tokens)."""
+        host with each request's seeded CPU generator (model/sampling.py:select_tokens)."""
         return select_tokens(logits_BV, [r.params.sampling for r in batch],
                              [self._rngs[r.request_id] for r in batch])
 

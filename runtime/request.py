@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from dsflash.model.config_checks import positive_int, whole_number
-from dsflash.model.generate import SamplingParams
+from dsflash.model.sampling import SamplingParams
 from dsflash.model.model import check_prefill_mode
 
 # waiting -> finished: a request cancelled before it had a slot

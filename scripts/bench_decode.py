@@ -48,7 +48,7 @@ from tqdm import tqdm
 
 from dsflash.model.accounting import decode_step_bytes
 from dsflash.model.config import ModelConfig
-from dsflash.model.generate import SamplingParams, select_tokens
+from dsflash.model.sampling import SamplingParams, select_tokens
 from dsflash.model.model import DSFlashModel
 from dsflash.runtime.cache_manager import CacheManager, synthetic_cache
 from dsflash.runtime.engine import TUNED_COMPILE, TorchEngine

@@ -14,7 +14,7 @@ import sys
 import time
 
 from dsflash.export.bundle import BundleError
-from dsflash.model.generate import SamplingParams
+from dsflash.model.sampling import SamplingParams
 from dsflash.model.model import PREFILL_MODES
 from dsflash.runtime.api import Runtime
 from dsflash.runtime.engine import BACKENDS, TUNED_COMPILE

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from dsflash.model.generate import SamplingParams, generate, sample_next, select_tokens
+from dsflash.model.generate import generate
+from dsflash.model.sampling import SamplingParams, sample_next, select_tokens
 
 from conftest import random_ids
 
@@ -45,12 +46,13 @@ def test_bad_sampling_params():
 
 
 class _CopySpy(torch.Tensor):
-    """Logits that record the row counts of every copy to the host or to fp32 made from them."""
+    """Logits that record the row counts of every copy to the host or to fp32 made of rows of them
+    (a [rows, vocab] tensor; the sampler's own copies of one row [vocab] are not counted)."""
     copies: list
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        if func in (torch.Tensor.cpu, torch.Tensor.float) and isinstance(args[0], cls):
+        if func in (torch.Tensor.cpu, torch.Tensor.float) and isinstance(args[0], cls) and args[0].dim() == 2:
             cls.copies.append(args[0].shape[0])
         return super().__torch_function__(func, types, args, kwargs or {})
 

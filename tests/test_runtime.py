@@ -10,7 +10,8 @@ import torch
 from dsflash.export.bundle import BundleError
 from dsflash.model.accounting import sequence_bytes
 from dsflash.model.config import ModelConfig
-from dsflash.model.generate import SamplingParams, generate
+from dsflash.model.generate import generate
+from dsflash.model.sampling import SamplingParams
 from dsflash.model.model import DSFlashModel
 from dsflash.runtime.api import Runtime
 from dsflash.runtime.cache_manager import CacheManager
