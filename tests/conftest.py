@@ -70,3 +70,15 @@ def submit_from_threads(loop, prompts: list, params) -> list:
     for t in threads:
         t.join()
     return handles
+
+
+def run_script(name: str, *args: str, check: bool = True):
+    """scripts/<name> run by this Python from the repository root; -> the CompletedProcess (text
+    stdout / stderr)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, str(root / "scripts" / name), *args], capture_output=True,
+                          text=True, check=check, cwd=root)

@@ -4,19 +4,14 @@ modes' shared state, the table and the JSON), with the reference ops on the tiny
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "bench_decode.py"
+from conftest import run_script
 
 
 def run(*args, check=True):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          check=check, cwd=ROOT)
+    return run_script("bench_decode.py", *args, check=check)
 
 
 def test_cpu_run_writes_a_case_per_batch_and_context(tmp_path):

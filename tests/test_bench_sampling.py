@@ -4,17 +4,12 @@ candidates checked against the spec inside the run, the JSON the GPU run writes.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "bench_sampling.py"
+from conftest import run_script
 
 
 def run(*args, check=True):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          check=check, cwd=ROOT)
+    return run_script("bench_sampling.py", *args, check=check)
 
 
 def test_cpu_run_times_every_kind_and_batch(tmp_path):
