@@ -3,7 +3,7 @@
 # (tests/test_kernels.py on CUDA, the gpu-marked tests, among them the AOT kernels run as TensorRT
 # runs them), the AOT compile of every plugin kernel for the flash sizes, and the microbenchmarks
 # (AOT against JIT, also in decoder_step's attention shapes, the kernels, the CSA2 layers at decode
-# batches 1-64, then a whole decode step
+# batches 1-64, the host sampler, then a whole decode step
 # through the runtime) (tables last; JSON, plot and logs under $OUT).
 #   bash scripts/gpu_check.sh [--tests-only | --kernel-tests | --other-tests | --bench-only | --decode-only]
 #       [--quick] [--sweep]
@@ -74,6 +74,8 @@ if [ "$bench" = 1 ]; then
   python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\]" | tail -36
   python3 scripts/bench_layer_batch.py --out "$OUT" 2>&1 | tee "$OUT/bench_layer_batch.log" \
     | grep -v "it/s\]" | tail -8
+  # the sampler on this machine's host CPU, and select_tokens from logits on the GPU
+  python3 scripts/bench_sampling.py --out "$OUT" 2>&1 | tee "$OUT/bench_sampling.log" | grep "^|" | tail -20
 fi
 if [ "$decode" = 1 ]; then
   python3 scripts/bench_decode.py --out "$OUT" --profile 2>&1 | tee "$OUT/bench_decode.log" \
