@@ -66,10 +66,12 @@ def _scores(logits_V: torch.Tensor, params: SamplingParams) -> tuple[torch.Tenso
 
 
 def _kept(scores_V: torch.Tensor, kth: float | None, masked: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ids top-k keeps (every score >= the k-th largest, kth; None: every finite one), in id
-    order, and their probabilities: the softmax of their scores alone."""
+    """The ids top-k keeps (every finite score >= the k-th largest, kth; None: every finite one),
+    in id order, and their probabilities: the softmax of their scores alone. A -inf logit (a
+    masked token) is never kept, also where fewer than k tokens are finite (kth = -inf)."""
     if kth is not None:
-        ids = torch.nonzero(scores_V >= kth).squeeze(1)
+        kept = scores_V >= kth
+        ids = torch.nonzero(kept & (scores_V > -math.inf) if masked else kept).squeeze(1)
     elif masked:
         ids = torch.nonzero(scores_V > -math.inf).squeeze(1)
     else:  # every token: no gather

@@ -72,6 +72,14 @@ def test_ties_top_k_keeps_them_and_top_p_cuts_by_ascending_id():
     assert candidates_reference(row, SamplingParams(temperature=1.0, top_p=0.5))[0].tolist() == [2, 5]
 
 
+def test_masked_tokens_are_never_candidates():
+    row = torch.tensor([float("-inf"), 2.0, float("-inf"), 1.0, float("-inf")])
+    for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, top_k=4),
+                   SamplingParams(temperature=1.0, top_k=4, top_p=0.99)):
+        for find in (candidates, candidates_reference):
+            assert sorted(find(row, params)[0].tolist()) == [1, 3], (find.__name__, params)
+
+
 def test_draw_is_the_inverse_cdf_of_one_uniform():
     probs = torch.tensor([0.2, 0.5, 0.3])
     for seed in range(40):
