@@ -150,6 +150,17 @@ class Bundle:
         return form
 
     @property
+    def decode_moe(self) -> str:
+        """decoder_step's routed-expert dispatch ("dense" or "gathered";
+        export/onnx_export.py:DECODE_MOE_FORMS); bundles from before the option: "dense"."""
+        from dsflash.export.onnx_export import DECODE_MOE_FORMS
+
+        form = self.manifest.get("export_options", {}).get("decode_moe", "dense")
+        if form not in DECODE_MOE_FORMS:
+            raise BundleError(f"bundle {self.path} has decode_moe {form!r}; forms: {DECODE_MOE_FORMS}")
+        return form
+
+    @property
     def flavors(self) -> list[str]:
         return sorted({f for g in self.manifest["graphs"].values() for f in g})
 
@@ -191,7 +202,7 @@ def model_dtype_name(model) -> str:
     return str(model.embed.weight.dtype).removeprefix("torch.")
 
 
-def _export_worker(cfg_dict: dict, vocab_map, weights: str, dtype: str, decode_attention: str, graph: str,
+def _export_worker(cfg_dict: dict, vocab_map, weights: str, dtype: str, options, graph: str,
                    flavor: str) -> bytes:
     """Export one graph in a fresh process (weights handed over as a safetensors file), in the
     parent model's dtype: a bf16 model exports bf16 graphs from any number of workers."""
@@ -203,10 +214,10 @@ def _export_worker(cfg_dict: dict, vocab_map, weights: str, dtype: str, decode_a
 
     model = DSFlashModel(ModelConfig.from_dict(cfg_dict), vocab_map=vocab_map).eval()
     load_safetensors(model.to(getattr(torch, dtype)), weights)
-    return export_graph(model, graph, flavor, decode_attention).SerializeToString()
+    return export_graph(model, graph, flavor, options).SerializeToString()
 
 
-def _export_all(model, jobs: list[tuple[str, str]], workers: int, progress, decode_attention: str) -> dict:
+def _export_all(model, jobs: list[tuple[str, str]], workers: int, progress, options) -> dict:
     import onnx
 
     from dsflash.export.onnx_export import export_graph
@@ -216,7 +227,7 @@ def _export_all(model, jobs: list[tuple[str, str]], workers: int, progress, deco
         for graph, flavor in jobs:
             if progress:
                 progress(f"exporting {graph} ({flavor})")
-            protos[(graph, flavor)] = export_graph(model, graph, flavor, decode_attention)
+            protos[(graph, flavor)] = export_graph(model, graph, flavor, options)
         return protos
     import multiprocessing as mp
     import tempfile
@@ -231,7 +242,7 @@ def _export_all(model, jobs: list[tuple[str, str]], workers: int, progress, deco
         with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
             dtype = model_dtype_name(model)
             futures = {job: pool.submit(_export_worker, model.cfg.to_dict(), vocab, weights, dtype,
-                                        decode_attention, *job) for job in jobs}
+                                        options, *job) for job in jobs}
             protos = {}
             for job, fut in futures.items():
                 protos[job] = onnx.ModelProto.FromString(fut.result())
@@ -242,22 +253,23 @@ def _export_all(model, jobs: list[tuple[str, str]], workers: int, progress, deco
 
 def write_bundle(model, out_dir: str | Path, name: str, flavors: tuple[str, ...],
                  progress: Callable[[str], None] | None = None, workers: int = 1,
-                 decode_attention: str = "split") -> Bundle:
+                 decode_attention: str = "split", decode_moe: str = "dense") -> Bundle:
     """Export every graph in every flavor (in `workers` processes), share the weights, write
-    config and manifest. `decode_attention`: decoder_step's attention nodes in the plugin flavor
-    (export/onnx_export.py:DECODE_ATTENTION_FORMS), recorded in the manifest's export_options."""
+    config and manifest. `decode_attention`: decoder_step's attention nodes in the plugin flavor;
+    `decode_moe`: decoder_step's routed experts, dense or gathered (export/onnx_export.py:
+    ExportOptions, checked before anything is written), recorded in the manifest's export_options."""
     import onnx
 
-    from dsflash.export.onnx_export import check_decode_attention, write_shared_weights
+    from dsflash.export.onnx_export import ExportOptions, write_shared_weights
 
-    check_decode_attention(decode_attention)
+    options = ExportOptions(decode_attention, decode_moe)
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg
     t0 = time.time()
     jobs = [(g, f) for f in flavors for g in GRAPHS]
-    protos = _export_all(model, jobs, workers, progress, decode_attention)
+    protos = _export_all(model, jobs, workers, progress, options)
     write_shared_weights(protos, out)
     graphs: dict = {g: {} for g in GRAPHS}
     for (graph, flavor), proto in protos.items():
@@ -273,7 +285,7 @@ def write_bundle(model, out_dir: str | Path, name: str, flavors: tuple[str, ...]
     manifest = {"format": MANIFEST_FORMAT, "name": name, "created": created,
                 "export_seconds": round(time.time() - t0, 1), "dtype": dtype, "versions": versions(),
                 "config": cfg.to_dict(), "contract": contract_dict(cfg),
-                "export_options": {"decode_attention": decode_attention}, "graphs": graphs,
+                "export_options": options.as_dict(), "graphs": graphs,
                 "files": {f: sha256_file(out / f) for f in files}}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     bundle = Bundle.open(out)

@@ -10,6 +10,7 @@ ties the same way.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -17,7 +18,7 @@ import torch
 from dsflash.export.contract import graph_inputs
 from dsflash.export.graphs import GraphModule
 from dsflash.model.model import DSFlashModel
-from dsflash.model.moe import export_form
+from dsflash.model.moe import MOE_EXPORT_DISPATCH, export_form
 
 log = logging.getLogger(__name__)
 FLAVORS = ("plugin", "portable")
@@ -31,6 +32,13 @@ FLAVORS = ("plugin", "portable")
 DECODE_ATTENTION_FORMS = ("split", "single")
 # the measured crossover (H100, above): the split pair wins up to 32 rows, one node from 48
 SPLIT_ATTENTION_UP_TO_ROWS, SINGLE_ATTENTION_FROM_ROWS = 32, 48
+# decoder_step's routed experts (model/moe.py): "dense" runs every expert on every row (weight 0
+# where not routed), "gathered" gathers each row's k experts from the stacks (a copy of k/E of
+# them per row). Gathered moves fewer bytes while rows < E / (2k) (its copy writes what it reads;
+# flash: 32 rows of 384 experts, k = 6) and holds rows x k x 3 expert matrices at once (flash,
+# bf16: 425 MB a row); dense holds no copy. Standard ops either way: a grouped-expert plugin that
+# reads the stacks in place is not written. encoder_prefill stays dense.
+DECODE_MOE_FORMS = MOE_EXPORT_DISPATCH
 # Example sizes for tracing: all distinct and > 1 so no dimension is specialised or equated.
 EXAMPLE_BATCH, EXAMPLE_ROWS, EXAMPLE_CAPACITY = 2, 5, 40
 
@@ -51,17 +59,29 @@ def translation_table(flavor: str) -> dict:
     return table
 
 
-def check_decode_attention(form: str) -> str:
-    """`form` if it is one of DECODE_ATTENTION_FORMS, else a ValueError naming it and them."""
-    if form not in DECODE_ATTENTION_FORMS:
-        raise ValueError(f"unknown decode attention form {form!r}; forms: {DECODE_ATTENTION_FORMS}")
-    return form
+@dataclass(frozen=True)
+class ExportOptions:
+    """How decoder_step is exported; a bundle's manifest records them as its export_options.
+    decode_attention: its attention nodes in the plugin flavor (DECODE_ATTENTION_FORMS);
+    decode_moe: its routed experts' dispatch (DECODE_MOE_FORMS). A ValueError naming the value
+    and the forms for any other."""
+    decode_attention: str = "split"
+    decode_moe: str = "dense"
+
+    def __post_init__(self) -> None:
+        if self.decode_attention not in DECODE_ATTENTION_FORMS:
+            raise ValueError(f"unknown decode attention form {self.decode_attention!r}; forms: "
+                             f"{DECODE_ATTENTION_FORMS}")
+        if self.decode_moe not in DECODE_MOE_FORMS:
+            raise ValueError(f"unknown decode MoE form {self.decode_moe!r}; forms: {DECODE_MOE_FORMS}")
+
+    def as_dict(self) -> dict:
+        return {"decode_attention": self.decode_attention, "decode_moe": self.decode_moe}
 
 
-def export_graph(model: DSFlashModel, graph: str, flavor: str, decode_attention: str = "split"):
-    """-> onnx.ModelProto with in-memory initializers named by the model's parameter names.
-    `decode_attention`: decoder_step's attention nodes in the plugin flavor (DECODE_ATTENTION_FORMS)."""
-    proto = _export_program(model, graph, flavor, decode_attention).model_proto
+def export_graph(model: DSFlashModel, graph: str, flavor: str, options: ExportOptions = ExportOptions()):
+    """-> onnx.ModelProto with in-memory initializers named by the model's parameter names."""
+    proto = _export_program(model, graph, flavor, options).model_proto
     _clean(proto)
     return proto
 
@@ -73,10 +93,9 @@ def _clean(proto) -> None:
         node.doc_string = ""
 
 
-def _export_program(model: DSFlashModel, graph: str, flavor: str, decode_attention: str = "split"):
+def _export_program(model: DSFlashModel, graph: str, flavor: str, options: ExportOptions):
     if flavor not in FLAVORS:
         raise ValueError(f"unknown flavor {flavor!r}; flavors: {FLAVORS}")
-    check_decode_attention(decode_attention)
     module = GraphModule(model, graph).eval()
     cfg = model.cfg
     example = module.example_inputs(EXAMPLE_BATCH, EXAMPLE_CAPACITY, EXAMPLE_ROWS,
@@ -92,11 +111,12 @@ def _export_program(model: DSFlashModel, graph: str, flavor: str, decode_attenti
     # (plugins/registry.py); the attention keeps one node where the export asks for it
     decode_plugins = flavor == "plugin" and graph == "decoder_step"
     model.ops.split_mhc = decode_plugins
-    model.ops.split_attention = decode_plugins and decode_attention == "split"
+    model.ops.split_attention = decode_plugins and options.decode_attention == "split"
     # kv_qat's FP4 entries: a decode step decodes the ones it selects, a prefill all of them once
     model.ops.entry_form = "selected" if graph == "decoder_step" else "all"
     try:
-        with torch.no_grad(), export_form(model):
+        dispatch = options.decode_moe if graph == "decoder_step" else "dense"
+        with torch.no_grad(), export_form(model, dispatch):
             program = torch.onnx.export(
                 module, example, None, dynamo=True, input_names=module.input_names,
                 output_names=module.output_names, dynamic_shapes=(dynamic,), optimize=False,
@@ -149,7 +169,8 @@ def write_shared_weights(protos: dict[str, object], out_dir: Path, weights_name:
     log.info("wrote %d distinct tensors to %s", len(offsets), weights_name)
 
 
-def export_structure(cfg, graph: str, flavor: str, path: str | Path, decode_attention: str = "split") -> None:
+def export_structure(cfg, graph: str, flavor: str, path: str | Path,
+                     options: ExportOptions = ExportOptions()) -> None:
     """Export a graph of a config built on the meta device, without weights: checks that a size
     exports (and shows its graph) without materialising its parameters."""
     with torch.device("meta"):
@@ -157,7 +178,7 @@ def export_structure(cfg, graph: str, flavor: str, path: str | Path, decode_atte
     model = model.to("meta")  # buffers made from numpy (the Engram vocab map) too
     import onnx
 
-    _export_program(model, graph, flavor, decode_attention).save(str(path), include_initializers=False)
+    _export_program(model, graph, flavor, options).save(str(path), include_initializers=False)
     proto = onnx.load(str(path))
     _clean(proto)
     onnx.save(proto, str(path))

@@ -28,13 +28,13 @@ class StructureReport:
     seconds: float
 
 
-def _export_one(cfg_dict: dict, decode_attention: str, graph: str, flavor: str, path: str) -> StructureReport:
+def _export_one(cfg_dict: dict, options, graph: str, flavor: str, path: str) -> StructureReport:
     """Export one graph's structure and check it (a worker process)."""
     from dsflash.export.onnx_export import export_structure
 
     cfg = ModelConfig.from_dict(cfg_dict)
     t0 = time.time()
-    export_structure(cfg, graph, flavor, path, decode_attention)
+    export_structure(cfg, graph, flavor, path, options)
     return check_structure(cfg, graph, flavor, path, time.time() - t0)
 
 
@@ -55,14 +55,14 @@ def check_structure(cfg: ModelConfig, graph: str, flavor: str, path: str | Path,
 def write_structures(cfg: ModelConfig, out_dir: str | Path, flavors: tuple[str, ...],
                      graphs: tuple[str, ...] = GRAPHS, workers: int = 1,
                      progress: Callable[[StructureReport], None] | None = None,
-                     decode_attention: str = "split") -> list[StructureReport]:
+                     decode_attention: str = "split", decode_moe: str = "dense") -> list[StructureReport]:
     """Export the graphs in every flavor to `<out_dir>/<graph>.<flavor>.onnx` (no initializers),
     in `workers` processes; each graph's I/O must equal the contract's (BundleError otherwise).
     Worker processes also bound memory: the flash decode step's export holds 3-4 GB.
-    `decode_attention`: decoder_step's attention nodes in the plugin flavor (as write_bundle's)."""
-    from dsflash.export.onnx_export import check_decode_attention
+    `decode_attention`, `decode_moe`: how decoder_step is exported (as write_bundle's)."""
+    from dsflash.export.onnx_export import ExportOptions
 
-    check_decode_attention(decode_attention)
+    options = ExportOptions(decode_attention, decode_moe)
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     unknown = [g for g in graphs if g not in GRAPHS]
@@ -74,7 +74,7 @@ def write_structures(cfg: ModelConfig, out_dir: str | Path, flavors: tuple[str, 
     reports = []
     if workers == 1:
         for job in jobs:
-            reports.append(_export_one(cfg.to_dict(), decode_attention, *job))
+            reports.append(_export_one(cfg.to_dict(), options, *job))
             if progress:
                 progress(reports[-1])
         return reports
@@ -82,7 +82,7 @@ def write_structures(cfg: ModelConfig, out_dir: str | Path, flavors: tuple[str, 
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-        futures = [pool.submit(_export_one, cfg.to_dict(), decode_attention, *job) for job in jobs]
+        futures = [pool.submit(_export_one, cfg.to_dict(), options, *job) for job in jobs]
         for fut in as_completed(futures):
             reports.append(fut.result())
             if progress:

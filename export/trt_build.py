@@ -125,6 +125,35 @@ def decode_attention_advice(bundle: Bundle, opt_rows: int) -> str | None:
             f"{why} (H100): a bundle exported with --decode-attention {better} would serve this batch faster")
 
 
+def decode_moe_advice(bundle: Bundle, opt_rows: int, max_rows: int) -> list[str]:
+    """Lines for the build log on the bundle's decoder_step MoE dispatch (the export's --decode-moe)
+    at `opt_rows` rows per step (the profiles' opt) and `max_rows` (their max: batch x step rows).
+    Counted bytes, per MoE layer and step: dense reads all E experts' three matrices; gathered
+    copies each row's k (a read and a write each), so it moves fewer while rows < E / (2k), and its
+    copies take rows x k x 3 matrices of activation memory at max_rows."""
+    if not 1 <= opt_rows <= max_rows:
+        raise ValueError(f"need 1 <= opt_rows <= max_rows; got opt_rows {opt_rows}, max_rows {max_rows}")
+    cfg = bundle.config
+    experts, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    if not experts:
+        return []
+    matrix = cfg.moe_intermediate_size * cfg.hidden_size * bundle.dtype.itemsize
+    crossover = experts / (2 * k)
+    form, lines = bundle.decode_moe, []
+    if form == "dense" and opt_rows < crossover:
+        lines.append(f"decoder_step runs its {experts} routed experts densely; at {opt_rows} rows per "
+                     f"step a bundle exported with --decode-moe gathered would move "
+                     f"{2 * opt_rows * k / experts:.2f}x the expert bytes (fewer below {crossover:g} rows)")
+    if form == "gathered":
+        if opt_rows >= crossover:
+            lines.append(f"decoder_step gathers each row's {k} experts; at {opt_rows} rows per step that "
+                         f"moves {2 * opt_rows * k / experts:.2f}x the bytes of the dense form "
+                         f"(--decode-moe dense is lighter from {crossover:g} rows)")
+        lines.append(f"decoder_step's gathered experts take {max_rows * k * 3 * matrix / 2**30:.2f} GiB "
+                     f"per MoE layer at the profile's {max_rows} rows")
+    return lines
+
+
 def build_plan(bundle: Bundle, graph: str, profiles: dict, timing_cache: Path | None = None) -> Path:
     """Build and write plans/<graph>.plan (needs the full `tensorrt` package and a GPU)."""
     import onnx

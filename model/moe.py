@@ -90,6 +90,8 @@ class MoE(nn.Module):
         # (H200, 2026-12-04: inductor's output code stacked all 32 experts' w1, w2, w3 on every
         # step, 1.3 of its 4.0 ms)
         self.for_export = False
+        # the export's routed dispatch (MOE_EXPORT_DISPATCH), set by export_form
+        self.export_dispatch = "dense"
         self.stack_experts()
 
     def stack_experts(self) -> None:
@@ -151,7 +153,8 @@ class MoE(nn.Module):
             # one row (a decode step of one sequence): its k experts are known without a host
             # sync, so read only those; a symbolic batch is >= 2 in a trace, so this adds no guard
             one_row = x.shape[0] == 1 and not self.for_export
-            routed = self._one_row_dispatch(x, idx, w) if one_row else self._dense_dispatch(x, idx, w)
+            gathered = one_row or (self.for_export and self.export_dispatch == "gathered")
+            routed = self._gathered_dispatch(x, idx, w) if gathered else self._dense_dispatch(x, idx, w)
             return cast(self._add_shared(x, routed), x_BSE.dtype).view_as(x_BSE)
         for e, expert in enumerate(self.experts):
             tok, slot = torch.nonzero(idx == e, as_tuple=True)
@@ -180,18 +183,21 @@ class MoE(nn.Module):
         # where it is (the [E*I, H] reshape above is a strided copy of every expert on each call)
         return f32(torch.matmul(h.transpose(0, 1), w2.transpose(1, 2))).sum(0)
 
-    def _one_row_dispatch(self, x_1E: torch.Tensor, idx_1K: torch.Tensor,
-                          w_1K: torch.Tensor) -> torch.Tensor:
-        """Graph-capture form for one row: gather the k routed experts' weights ([k, I, H], a
-        copy of k/E of each stack) and run them batched; the same products as the per-expert
-        loop, summed over the k in fp32. The dense form reads all E experts at any batch."""
+    def _gathered_dispatch(self, x_TE: torch.Tensor, idx_TK: torch.Tensor,
+                           w_TK: torch.Tensor) -> torch.Tensor:
+        """Graph-capture form that reads only the routed experts: each row gathers its k experts'
+        weights ([T, k, I, H], a copy of k/E of each stack per row) and runs them batched; the
+        same products as the per-expert loop, summed over the k in fp32. It copies T * k experts
+        where the dense form reads all E: fewer bytes while T < E / (2k) (a copy writes what it
+        reads). CUDA graphs take it for one row, the export where asked (export_form)."""
         w1, w3, w2 = self.stacked_weights()
-        sel = idx_1K[0]
-        gate = f32(torch.matmul(x_1E, w1[sel].transpose(1, 2)))  # [k, 1, I]
-        up = f32(torch.matmul(x_1E, w3[sel].transpose(1, 2)))
-        h = clamp_silu_mul(gate, up, self.limit) * w_1K[0].view(-1, 1, 1)
-        out = f32(torch.matmul(cast(h, x_1E.dtype), w2[sel].transpose(1, 2)))  # [k, 1, H]
-        return out.sum(0)
+        # weights on the left, no transpose: a Transpose of a stack in the graph is of all E
+        x_T1E1 = x_TE[:, None, :, None]
+        gate = f32(torch.matmul(w1[idx_TK], x_T1E1))  # [T, k, I, H] @ [T, 1, H, 1] -> [T, k, I, 1]
+        up = f32(torch.matmul(w3[idx_TK], x_T1E1))
+        h = clamp_silu_mul(gate, up, self.limit) * w_TK[:, :, None, None]
+        out = f32(torch.matmul(w2[idx_TK], cast(h, x_TE.dtype)))  # [T, k, H, I] @ [T, k, I, 1]
+        return out.sum(1).squeeze(-1)
 
     def _add_shared(self, x_TE: torch.Tensor, out_TE: torch.Tensor) -> torch.Tensor:
         if self.shared_experts is None:
@@ -207,10 +213,11 @@ def _is_row(p: torch.Tensor, stacked: torch.Tensor, i: int) -> bool:
 
 
 ROUTED_STACKS = ("w1", "w3", "w2")  # exported as `<moe>.routed_<w>`, [E, I, H] / [E, H, I]
+MOE_EXPORT_DISPATCH = ("dense", "gathered")  # MoE._dense_dispatch, MoE._gathered_dispatch
 
 
 @contextmanager
-def export_form(model: nn.Module):
+def export_form(model: nn.Module, dispatch: str = "dense"):
     """Within: every routed MoE of `model` traces its export form (MoE.for_export) and holds its
     experts' weights as three stacked parameters, `routed_w1` / `routed_w3` [E, I, H] and
     `routed_w2` [E, H, I] (the experts' own storage, no copy), with the per-expert modules taken
@@ -218,7 +225,11 @@ def export_form(model: nn.Module):
     step looks each one up in a list of all of them (torch 2.13, torch/_export/utils.py
     `_populate_param_buffer_metadata_to_new_gm`), quadratic in the count: the `flash` decode
     step's 46,080 expert weights did not export within an hour on a 2-core machine. The graph
-    also reads one initializer per stack instead of a Concat of E."""
+    also reads one initializer per stack instead of a Concat of E. `dispatch`: how the graph
+    runs the routed experts (MOE_EXPORT_DISPATCH): every expert on every row, or each row's k
+    gathered from the stacks."""
+    if dispatch not in MOE_EXPORT_DISPATCH:
+        raise ValueError(f"unknown MoE export dispatch {dispatch!r}; forms: {MOE_EXPORT_DISPATCH}")
     moes = [m for m in model.modules() if isinstance(m, MoE) and not m.dense]
     saved = [list(m._modules.items()) for m in moes]
     try:
@@ -226,11 +237,11 @@ def export_form(model: nn.Module):
             for name, stack in zip(ROUTED_STACKS, m.stacked_weights()):
                 m.register_parameter(f"routed_{name}", nn.Parameter(stack, requires_grad=False))
             del m._modules["experts"]
-            m.for_export = True
+            m.for_export, m.export_dispatch = True, dispatch
         yield
     finally:
         for m, modules in zip(moes, saved):
-            m.for_export = False
+            m.for_export, m.export_dispatch = False, "dense"
             for name in ROUTED_STACKS:
                 m._parameters.pop(f"routed_{name}", None)
             m._modules.clear()

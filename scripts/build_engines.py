@@ -33,15 +33,19 @@ def main() -> int:
     import onnx
 
     from dsflash.export.bundle import Bundle
-    from dsflash.export.trt_build import build_plan, decode_attention_advice, optimization_profiles, preflight
+    from dsflash.export.trt_build import (build_plan, decode_attention_advice, decode_moe_advice,
+                                          optimization_profiles, preflight)
 
     bundle = Bundle.open(args.bundle)
     for graph in ("encoder_prefill", "decoder_step"):
         ops = preflight(onnx.load(str(bundle.graph_path(graph, "plugin")), load_external_data=False))
         log.info("%s: plugins %s", graph, ", ".join(ops))
-    advice = decode_attention_advice(bundle, args.opt_batch or args.max_batch)
+    opt_rows = args.opt_batch or args.max_batch  # a decode step: one row per sequence
+    advice = decode_attention_advice(bundle, opt_rows)
     if advice:
         log.warning(advice)
+    for line in decode_moe_advice(bundle, opt_rows, args.max_batch * args.max_step):
+        log.warning(line)
     if args.preflight_only:
         return 0
     rows = {"encoder_prefill": args.max_prompt, "decoder_step": args.max_step}

@@ -82,3 +82,26 @@ def run_script(name: str, *args: str, check: bool = True):
     root = Path(__file__).resolve().parents[1]
     return subprocess.run([sys.executable, str(root / "scripts" / name), *args], capture_output=True,
                           text=True, check=check, cwd=root)
+
+
+def check_two_sequences(bundle, model, flavor: str, gen: torch.Generator):
+    """check_bundle over two prompts decoded together for 8 steps: one longer than the window
+    (a replay prefill through encoder_prefill), one shorter; -> the report (11 steps)."""
+    from dsflash.export.accuracy import check_bundle, reference_steps
+
+    prompts = [random_ids(gen, 1, n, model.cfg.vocab_size)[0].tolist() for n in (19, 5)]
+    return check_bundle(bundle, model, flavor, reference_steps(model, prompts, decode_steps=8))
+
+
+def assert_export_option_refused(model, tmp_path, flavor: str, message: str, **option) -> None:
+    """write_bundle and write_structures with a bad export option (decode_attention=...) raise a
+    ValueError matching `message` before they create their output folders."""
+    from dsflash.export.bundle import write_bundle
+    from dsflash.export.structure import write_structures
+
+    with pytest.raises(ValueError, match=message):
+        write_bundle(model, tmp_path / "out", "x", (flavor,), **option)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match=message):
+        write_structures(model.cfg, tmp_path / "s", (flavor,), **option)
+    assert not (tmp_path / "s").exists()

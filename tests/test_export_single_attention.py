@@ -8,12 +8,10 @@ import shutil
 import onnx
 import pytest
 
-from dsflash.export.accuracy import check_bundle, reference_steps
 from dsflash.export.bundle import Bundle, BundleError, write_bundle
-from dsflash.export.structure import write_structures
 from dsflash.export.trt_build import preflight
 
-from conftest import random_ids
+from conftest import assert_export_option_refused, check_two_sequences
 
 SPLIT_PAIR = {"Csa2SparseAttentionSplit", "Csa2AttentionCombine"}
 
@@ -34,7 +32,7 @@ def _op_counts(bundle, graph):
 
 def test_decoder_step_has_one_attention_node_per_layer(single_bundle, tiny_cfg):
     assert single_bundle.decode_attention == "single"
-    assert single_bundle.manifest["export_options"] == {"decode_attention": "single"}
+    assert single_bundle.manifest["export_options"] == {"decode_attention": "single", "decode_moe": "dense"}
     counts = _op_counts(single_bundle, "decoder_step")
     assert counts["Csa2SparseAttention"] == tiny_cfg.num_hidden_layers
     assert not SPLIT_PAIR & set(counts)
@@ -54,24 +52,16 @@ def test_the_default_bundle_is_split(tiny_bundle):
 
 
 def test_single_attention_matches_pytorch(single_bundle, tiny_model, gen):
-    cfg = tiny_model.cfg
-    # one prompt longer than the window (replay through encoder_prefill), one shorter: decode rows
-    # of two sequences through the one-node attention
-    prompts = [random_ids(gen, 1, n, cfg.vocab_size)[0].tolist() for n in (19, 5)]
-    steps = reference_steps(tiny_model, prompts, decode_steps=8)
-    report = check_bundle(single_bundle, tiny_model, "plugin", steps)
+    # decode rows of two sequences through the one-node attention
+    report = check_two_sequences(single_bundle, tiny_model, "plugin", gen)
     assert report.passed, report.first_failure
     assert report.steps == 11
 
 
 def test_an_unknown_form_is_refused_before_exporting(tiny_model, tmp_path):
     forms = "forms: \\('split', 'single'\\)"
-    with pytest.raises(ValueError, match=f"unknown decode attention form 'fused'; {forms}"):
-        write_bundle(tiny_model, tmp_path / "out", "x", ("plugin",), decode_attention="fused")
-    assert not (tmp_path / "out").exists()
-    with pytest.raises(ValueError, match="unknown decode attention form 'fused'"):
-        write_structures(tiny_model.cfg, tmp_path / "s", ("plugin",), decode_attention="fused")
-    assert not (tmp_path / "s").exists()
+    message = f"unknown decode attention form 'fused'; {forms}"
+    assert_export_option_refused(tiny_model, tmp_path, "plugin", message, decode_attention="fused")
 
 
 def test_a_manifest_with_an_unknown_form_is_refused(single_bundle, tmp_path):

@@ -1,8 +1,9 @@
 """The graph forms of two grouped products against the forms they replace.
 
 The MoE's dense dispatch (what export and CUDA-graph capture run: every expert on every row,
-weight 0 where not routed) and its one-row form (a captured or compiled step of one sequence:
-only the routed experts) against its per-expert loop, and the grouped o-projection against
+weight 0 where not routed) and its gathered form (a captured or compiled step of one sequence,
+decoder_step exported with decode_moe "gathered": only the routed experts) against its
+per-expert loop, and the grouped o-projection against
 each group's own map. Both are MatMuls, not einsum, because ONNX's Einsum has no bfloat16 type
 (test_export checks bf16 graphs with the ONNX checker)."""
 
@@ -46,25 +47,27 @@ def test_dense_dispatch_bf16_within_the_rounding_rule(tiny_model, gen):
     assert err_dense <= kernel_bound(err_loop, torch.bfloat16), (err_dense, err_loop)
 
 
-def one_row_moe(moe, x_1E):
-    idx, w = moe.gate(x_1E)
-    return moe._add_shared(x_1E, moe._one_row_dispatch(x_1E, idx, w))
+def gathered_moe(moe, x_TE):
+    idx, w = moe.gate(x_TE)
+    return moe._add_shared(x_TE, moe._gathered_dispatch(x_TE, idx, w))
 
 
-def test_one_row_dispatch_equals_the_expert_loop(tiny_model, gen):
-    """The graph form of a one-sequence decode step (only the k routed experts, gathered): the
-    loop's result in fp32, and in bf16 within the §7 bound of the loop's own bf16 error."""
+@pytest.mark.parametrize("rows", [1, 3, 37])
+def test_gathered_dispatch_equals_the_expert_loop(tiny_model, gen, rows):
+    """The graph form that reads only each row's k routed experts (a captured one-sequence decode
+    step; decoder_step exported with decode_moe "gathered"): the loop's result in fp32, and in
+    bf16 within the §7 bound of the loop's own bf16 error."""
     moe = tiny_model.layers[0].ffn
     with torch.no_grad():
         for _ in range(4):
-            x = torch.randn(1, tiny_model.cfg.hidden_size, generator=gen)
-            assert_close(one_row_moe(moe, x), loop_moe(moe, x), OP_FP32, "one-row dispatch, fp32")
+            x = torch.randn(rows, tiny_model.cfg.hidden_size, generator=gen)
+            assert_close(gathered_moe(moe, x), loop_moe(moe, x), OP_FP32, f"gathered dispatch, {rows} rows")
         exact = loop_moe(moe, x)
         low = copy.deepcopy(moe).to(torch.bfloat16)
         xb = x.to(torch.bfloat16)
         err_loop = (loop_moe(low, xb) - exact).abs().max().item()
-        err_one = (one_row_moe(low, xb) - exact).abs().max().item()
-    assert err_one <= kernel_bound(err_loop, torch.bfloat16), (err_one, err_loop)
+        err_gathered = (gathered_moe(low, xb) - exact).abs().max().item()
+    assert err_gathered <= kernel_bound(err_loop, torch.bfloat16), (err_gathered, err_loop)
 
 
 @pytest.mark.parametrize("rows", [1, 5])
