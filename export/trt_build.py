@@ -129,8 +129,10 @@ def decode_moe_advice(bundle: Bundle, opt_rows: int, max_rows: int) -> list[str]
     """Lines for the build log on the bundle's decoder_step MoE dispatch (the export's --decode-moe)
     at `opt_rows` rows per step (the profiles' opt) and `max_rows` (their max: batch x step rows).
     Counted bytes, per MoE layer and step: dense reads all E experts' three matrices; gathered
-    copies each row's k (a read and a write each), so it moves fewer while rows < E / (2k), and its
-    copies take rows x k x 3 matrices of activation memory at max_rows."""
+    reads each row's k, writes the copies and reads them again (3 passes), so it moves fewer while
+    rows < E / (3k) (flash: 21.3; an H100 timed the crossover between 16 and 32 rows,
+    scripts/bench_moe_dispatch.py), and its copies take rows x k x 3 matrices of activation memory
+    at max_rows."""
     if not 1 <= opt_rows <= max_rows:
         raise ValueError(f"need 1 <= opt_rows <= max_rows; got opt_rows {opt_rows}, max_rows {max_rows}")
     cfg = bundle.config
@@ -138,17 +140,18 @@ def decode_moe_advice(bundle: Bundle, opt_rows: int, max_rows: int) -> list[str]
     if not experts:
         return []
     matrix = cfg.moe_intermediate_size * cfg.hidden_size * bundle.dtype.itemsize
-    crossover = experts / (2 * k)
+    crossover = experts / (3 * k)
+    ratio = 3 * opt_rows * k / experts  # gathered bytes / dense bytes
     form, lines = bundle.decode_moe, []
     if form == "dense" and opt_rows < crossover:
         lines.append(f"decoder_step runs its {experts} routed experts densely; at {opt_rows} rows per "
                      f"step a bundle exported with --decode-moe gathered would move "
-                     f"{2 * opt_rows * k / experts:.2f}x the expert bytes (fewer below {crossover:g} rows)")
+                     f"{ratio:.2f}x the expert bytes (fewer below {crossover:.1f} rows)")
     if form == "gathered":
         if opt_rows >= crossover:
             lines.append(f"decoder_step gathers each row's {k} experts; at {opt_rows} rows per step that "
-                         f"moves {2 * opt_rows * k / experts:.2f}x the bytes of the dense form "
-                         f"(--decode-moe dense is lighter from {crossover:g} rows)")
+                         f"moves {ratio:.2f}x the bytes of the dense form "
+                         f"(--decode-moe dense is lighter from {crossover:.1f} rows)")
         lines.append(f"decoder_step's gathered experts take {max_rows * k * 3 * matrix / 2**30:.2f} GiB "
                      f"per MoE layer at the profile's {max_rows} rows")
     return lines

@@ -188,8 +188,9 @@ class MoE(nn.Module):
         """Graph-capture form that reads only the routed experts: each row gathers its k experts'
         weights ([T, k, I, H], a copy of k/E of each stack per row) and runs them batched; the
         same products as the per-expert loop, summed over the k in fp32. It copies T * k experts
-        where the dense form reads all E: fewer bytes while T < E / (2k) (a copy writes what it
-        reads). CUDA graphs take it for one row, the export where asked (export_form)."""
+        where the dense form reads all E: fewer bytes while T < E / (3k) (the copies are read,
+        written and read again). CUDA graphs take it for one row, the export where asked
+        (export_form)."""
         w1, w3, w2 = self.stacked_weights()
         # weights on the left, no transpose: a Transpose of a stack in the graph is of all E
         x_T1E1 = x_TE[:, None, :, None]

@@ -25,6 +25,11 @@ import torch
 from dsflash.model.dtypes import f32
 
 FP32_MANTISSA_BITS, FP32_EXPONENTS = 23, 256  # an fp32's bits >> 23: its biased exponent
+# candidates_rows' rows per [rows, vocab] pass: at flash's vocabulary 16 fp32 rows are 8 MB. 64
+# rows in one pass (33 MB) took 50 ms on the 2-core CPU machine against 31 in passes of 16 and 36
+# row by row (top-k 50, 2026-12-06); on the GPU host's 16 threads one pass of 32 rows took 4.2 ms
+# against 24.2 row by row.
+ROWS_PER_PASS = 16
 
 
 @dataclass(frozen=True)
@@ -65,18 +70,30 @@ def _scores(logits_V: torch.Tensor, params: SamplingParams) -> tuple[torch.Tenso
     return scores, low == -math.inf
 
 
+def softmax_in_order(scores_RN: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim whose sum is taken in order (fp64 running sum, then fp32): the
+    same bits for the same scores in the same order whatever else the row holds, -inf (exactly 0)
+    anywhere after them. torch.softmax's vectorized sum rounds by layout, so a row of a padded
+    batch (candidates_rows) and the same tokens alone could get different probabilities."""
+    top = scores_RN.amax(-1, keepdim=True)
+    e = torch.exp(scores_RN - top)
+    total = e.double().cumsum(-1)[..., -1:]
+    return (e.double() / total).float()
+
+
 def _kept(scores_V: torch.Tensor, kth: float | None, masked: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The ids top-k keeps (every finite score >= the k-th largest, kth; None: every finite one),
-    in id order, and their probabilities: the softmax of their scores alone. A -inf logit (a
-    masked token) is never kept, also where fewer than k tokens are finite (kth = -inf)."""
+    in id order, and their probabilities: the softmax of their scores alone (top-k's few summed in
+    order, as candidates_rows sums them). A -inf logit (a masked token) is never kept, also where
+    fewer than k tokens are finite (kth = -inf)."""
     if kth is not None:
         kept = scores_V >= kth
         ids = torch.nonzero(kept & (scores_V > -math.inf) if masked else kept).squeeze(1)
-    elif masked:
+        return ids, softmax_in_order(scores_V[ids])
+    if masked:
         ids = torch.nonzero(scores_V > -math.inf).squeeze(1)
-    else:  # every token: no gather
-        return torch.arange(scores_V.numel()), torch.softmax(scores_V, dim=0)
-    return ids, torch.softmax(scores_V[ids], dim=0)
+        return ids, torch.softmax(scores_V[ids], dim=0)
+    return torch.arange(scores_V.numel()), torch.softmax(scores_V, dim=0)  # every token: no gather
 
 
 def _nucleus(ids_N: torch.Tensor, probs_N: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,6 +167,66 @@ def candidates(logits_V: torch.Tensor, params: SamplingParams) -> tuple[torch.Te
     return ids, probs
 
 
+def candidates_rows(logits_RV: torch.Tensor,
+                    params: SamplingParams) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """candidates() of every row of logits_RV [rows, vocab], the same tensors. Top-k rows share
+    their passes over the vocabulary, ROWS_PER_PASS rows at a time (a [rows, vocab] top-k, which
+    torch spreads over the CPU's threads); the rest go one by one, as do a top-k row with -inf
+    logits among its k and a row candidates() refuses (its error then names the row). Without
+    top-k a batch is slower: [rows, vocab] fp32 softmax passes leave the cache (session 41,
+    docs/benchmarks.md)."""
+    if logits_RV.dim() != 2 or 0 in logits_RV.shape:
+        raise ValueError(f"rows of logits [rows, vocab] expected, got shape {tuple(logits_RV.shape)}")
+    rows = f32(logits_RV).cpu()
+    out: list = []
+    for first in range(0, rows.shape[0], ROWS_PER_PASS):
+        out += _candidates_of_rows(rows[first:first + ROWS_PER_PASS], params, first)
+    return out
+
+
+def _candidates_of_rows(rows: torch.Tensor, params: SamplingParams,
+                        first: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """candidates_rows of up to ROWS_PER_PASS fp32 host rows, the first of them row `first`."""
+    vocab = rows.shape[1]
+    top_k = params.top_k if params.top_k and params.top_k < vocab else 0
+    out: list = [None] * rows.shape[0]
+    alone = torch.ones(rows.shape[0], dtype=torch.bool)
+    if top_k and rows.shape[0] > 1:
+        high = rows.amax(1)
+        scores = rows / params.temperature
+        top = torch.topk(scores, top_k, dim=1)
+        kth = top.values[:, -1:]
+        alone = ~torch.isfinite(high) | (scores.amax(1) == math.inf) | (kth[:, 0] == -math.inf)
+    for i in alone.nonzero().squeeze(1).tolist():
+        try:
+            out[i] = candidates(rows[i], params)
+        except ValueError as err:
+            raise ValueError(f"row {first + i}: {err}") from err
+    batch = (~alone).nonzero().squeeze(1)
+    if not batch.numel():
+        return out
+    # every row's kept tokens (its ties with its k-th too) among the widest row's top-k, in id
+    # order as _kept's nonzero gives them; the rest padded after them (id vocab, score -inf)
+    scores, kth = scores[batch], kth[batch]
+    widest = int((scores >= kth).sum(1).max())
+    if widest > top_k:
+        top = torch.topk(scores, widest, dim=1)
+    else:
+        top = torch.return_types.topk((top.values[batch], top.indices[batch]))
+    valid = top.values >= kth
+    ids, order = torch.sort(torch.where(valid, top.indices, vocab), dim=1)
+    valid = valid.gather(1, order)
+    probs = softmax_in_order(torch.where(valid, top.values.gather(1, order), -math.inf))
+    if params.top_p < 1.0:  # a few tokens each: sort them all, the reference's way
+        order = torch.argsort(-probs, dim=1, stable=True)
+        ids, probs, valid = ids.gather(1, order), probs.gather(1, order), valid.gather(1, order)
+        before = torch.cat([probs.new_zeros(len(batch), 1), probs.cumsum(1)[:, :-1]], dim=1)
+        valid &= before < params.top_p
+    for j, i in enumerate(batch.tolist()):
+        out[i] = (ids[j][valid[j]], probs[j][valid[j]])
+    return out
+
+
 def draw(probs_N: torch.Tensor, generator: torch.Generator | None) -> int:
     """Index into probs_N by inverse CDF of one fp64 uniform from generator."""
     cdf = probs_N.double().cumsum(0)
@@ -163,10 +240,8 @@ def sample_next(logits_BV: torch.Tensor, params: SamplingParams,
     (argmax's rule); sampled rows draw one uniform each from generator, in row order."""
     if params.greedy:
         return logits_BV.argmax(-1)
-    picked = []
-    for row in logits_BV.detach().float().cpu():
-        ids, probs = candidates(row, params)
-        picked.append(int(ids[draw(probs, generator)]))
+    rows = candidates_rows(logits_BV.detach(), params)
+    picked = [int(ids[draw(probs, generator)]) for ids, probs in rows]
     return torch.tensor(picked, dtype=torch.int64, device=logits_BV.device)
 
 
@@ -195,6 +270,15 @@ def select_tokens(logits_BV: torch.Tensor, params: list[SamplingParams],
             tokens[i] = tok
     if sampled:
         host = logits_BV[torch.tensor(sampled, device=logits_BV.device)].detach().float().cpu()
+        # rows of one temperature / top-k / top-p share candidates_rows' passes (seeds may differ)
+        groups: dict = {}
         for j, i in enumerate(sampled):
-            tokens[i] = int(sample_next(host[j:j + 1], params[i], generators[i])[0])
+            groups.setdefault((params[i].temperature, params[i].top_k, params[i].top_p), []).append(j)
+        found: list = [None] * len(sampled)
+        for group in groups.values():
+            for j, cand in zip(group, candidates_rows(host[torch.tensor(group)], params[sampled[group[0]]])):
+                found[j] = cand
+        for j, i in enumerate(sampled):  # each row's one uniform from its own generator
+            ids, probs = found[j]
+            tokens[i] = int(ids[draw(probs, generators[i])])
     return tokens

@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--decode-moe", default="dense", choices=DECODE_MOE_FORMS,
                     help="decoder_step's routed experts: dense (every expert on every row, weight 0 "
                          "where not routed) or gathered (each row's k experts gathered from the "
-                         "stacks: fewer bytes below E / 2k rows, flash 32; holds rows x k x 3 expert "
+                         "stacks: fewer bytes below E / 3k rows, flash 21; holds rows x k x 3 expert "
                          "matrices, flash bf16 425 MB a row). encoder_prefill stays dense")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")

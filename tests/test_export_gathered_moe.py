@@ -76,15 +76,15 @@ def test_an_unknown_form_is_refused(tiny_model, gathered_bundle, tmp_path):
 
 
 def test_the_build_advises_by_counted_bytes(tiny_bundle, gathered_bundle, tiny_cfg):
-    # tiny: 8 experts, k = 2: gathered moves fewer bytes below 8 / (2 * 2) = 2 rows
+    # tiny: 8 experts, k = 2: gathered (3 passes over rows x k) moves fewer below 8 / (3 * 2) rows
     assert tiny_cfg.n_routed_experts == 8 and tiny_cfg.num_experts_per_tok == 2
     (dense_one,) = decode_moe_advice(tiny_bundle, 1, 4)
-    assert "--decode-moe gathered would move 0.50x the expert bytes (fewer below 2 rows)" in dense_one
+    assert "--decode-moe gathered would move 0.75x the expert bytes (fewer below 1.3 rows)" in dense_one
     assert decode_moe_advice(tiny_bundle, 2, 4) == []
     assert decode_moe_advice(gathered_bundle, 1, 4) == [
         "decoder_step's gathered experts take 0.00 GiB per MoE layer at the profile's 4 rows"]
     heavy, memory = decode_moe_advice(gathered_bundle, 8, 64)
-    assert "moves 4.00x the bytes of the dense form (--decode-moe dense is lighter from 2 rows)" in heavy
+    assert "moves 6.00x the bytes of the dense form (--decode-moe dense is lighter from 1.3 rows)" in heavy
     assert "at the profile's 64 rows" in memory
     with pytest.raises(ValueError, match="need 1 <= opt_rows <= max_rows; got opt_rows 5, max_rows 4"):
         decode_moe_advice(tiny_bundle, 5, 4)

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from dsflash.model import sampling
-from dsflash.model.sampling import SamplingParams, candidates, candidates_reference, draw, sample_next
+from dsflash.model.sampling import (SamplingParams, candidates, candidates_reference, candidates_rows, draw,
+                                    sample_next)
 
 
 def _by_id(ids, probs):
@@ -58,6 +59,37 @@ def test_top_p_takes_more_binades_while_the_running_sum_falls_short(gen, monkeyp
     row = torch.randn(5000, generator=gen) * 2.0
     monkeypatch.setattr(sampling, "_nucleus_binade", lambda exponent, probs, top_p: int(exponent.max()))
     assert _assert_same_candidates(row, SamplingParams(temperature=1.0, top_p=0.9)).numel() > 50
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_in_one_batch_get_what_each_gets_alone(dtype, gen):
+    """candidates_rows is candidates() of every row, bit for bit: its batched top-k (bf16 rows tie
+    at the k-th: the batch pads to its widest row) and the rows it sends alone (-inf among a row's
+    k, a row without top-k)."""
+    logits = (torch.randn(7, 3000, generator=gen) * 3).to(dtype)
+    logits[2, :2900] = float("-inf")  # 100 finite: alone where k > 100, in the batch below
+    logits[4, [10, 20, 30]] = torch.topk(logits[4], 40).values[-1]  # ties at the 40th
+    for params in (SamplingParams(temperature=0.9, top_k=40), SamplingParams(temperature=1.2, top_p=0.9),
+                   SamplingParams(temperature=0.8, top_k=40, top_p=0.7), SamplingParams(temperature=1.0),
+                   SamplingParams(temperature=1.0, top_k=200, top_p=0.95)):
+        batch = candidates_rows(logits, params)
+        for i, (ids, probs) in enumerate(batch):
+            want_ids, want_probs = candidates(logits[i], params)
+            assert torch.equal(ids, want_ids) and torch.equal(probs, want_probs), (i, params)
+    widths = [len(ids) for ids, _ in candidates_rows(logits, SamplingParams(temperature=1.0, top_k=40))]
+    assert widths[4] >= 43 and min(widths) >= 40  # row 4: its three extra ties with the 40th stay
+
+
+def test_a_bad_row_in_a_batch_is_named(gen):
+    logits = torch.randn(40, 10, generator=gen)  # three passes of ROWS_PER_PASS rows
+    params = SamplingParams(temperature=1.0, top_k=3)
+    assert [c[0].tolist() for c in candidates_rows(logits, params)] == [
+        candidates(row, params)[0].tolist() for row in logits]
+    logits[33, 4] = float("nan")
+    with pytest.raises(ValueError, match="row 33: cannot sample from logits with NaN or \\+inf at id 4"):
+        candidates_rows(logits, params)
+    with pytest.raises(ValueError, match="rows of logits \\[rows, vocab\\] expected, got shape \\(10,\\)"):
+        candidates_rows(logits[0], SamplingParams(temperature=1.0))
 
 
 def test_ties_top_k_keeps_them_and_top_p_cuts_by_ascending_id():
