@@ -34,12 +34,12 @@ DECODE_ATTENTION_FORMS = ("split", "single")
 SPLIT_ATTENTION_UP_TO_ROWS, SINGLE_ATTENTION_FROM_ROWS = 32, 48
 # decoder_step's routed experts (model/moe.py): "dense" runs every expert on every row (weight 0
 # where not routed), "gathered" gathers each row's k experts from the stacks (a copy of k/E of
-# them per row). Gathered moves fewer bytes while rows < E / (3k) (it reads, writes and reads its
-# copies; flash: 21.3 rows of 384 experts, k = 6; H100 one flash layer, scripts/bench_moe_dispatch.py,
-# 2026-12-06: 19.5x dense's speed at 1 row, 1.46x at 16, 0.76x at 32) and holds rows x k x 3 expert
-# matrices at once (flash,
-# bf16: 425 MB a row); dense holds no copy. Standard ops either way: a grouped-expert plugin that
-# reads the stacks in place is not written. encoder_prefill stays dense.
+# them per row). Gathered moves fewer bytes while rows < E / (3k): it reads, writes and reads its
+# copies (flash: 21.3 rows of 384 experts, k = 6; one flash layer on an H100,
+# scripts/bench_moe_dispatch.py, 2026-12-06: 19.5x dense's speed at 1 row, 1.46x at 16, 0.76x at
+# 32). It holds rows x k x 3 expert matrices at once (flash, bf16: 425 MB a row); dense holds no
+# copy. Standard ops either way: a grouped-expert plugin reading the stacks in place is not
+# written. encoder_prefill stays dense.
 DECODE_MOE_FORMS = MOE_EXPORT_DISPATCH
 # Example sizes for tracing: all distinct and > 1 so no dimension is specialised or equated.
 EXAMPLE_BATCH, EXAMPLE_ROWS, EXAMPLE_CAPACITY = 2, 5, 40

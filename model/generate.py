@@ -1,4 +1,4 @@
-"""Sampling and a simple generate loop over the reference model (for the demo and as an oracle).
+"""A simple generate loop over the reference model (for the demo and as an oracle).
 
 The serving loop with batching and streaming lives in dsflash.runtime; this one prefills each
 prompt into its own slot, then decodes all prompts together. Sampling: model/sampling.py.
