@@ -7,7 +7,7 @@ id, 64 B of codes, 4 B of exponents and its score, plus the queries and head wei
 those bytes at the measured copy bandwidth. Every Gluon launch's scores are checked against
 Triton's, bit for bit, before it is timed. Prints a table; writes bench_listed_fp4.json.
 
-    python scripts/bench_listed_fp4.py --out gpu_out [--rows 8,16,32,64,96,128]
+    python scripts/bench_listed_fp4.py --out gpu_out [--rows 1,8,16,32,64,96,128]
         [--queries qat|bf16] [--configs 64:16:6,128:16:4:128]   # BLOCK_N:BLOCKS:STAGES[:maxnreg]
 """
 
@@ -89,7 +89,7 @@ def bench_rows(rows: int, queries: str, configs: list[dict], gbps: float, gen: t
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--rows", default="8,16,32,64,96,128")
+    ap.add_argument("--rows", default="1,8,16,32,64,96,128")
     ap.add_argument("--queries", choices=("qat", "bf16"), default="qat")
     ap.add_argument("--configs", default="",
                     help="extra Gluon launches, BLOCK_N:BLOCKS:STAGES[:maxnreg], comma-separated")
