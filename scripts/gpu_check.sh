@@ -40,7 +40,6 @@ bench=1
 decode=1
 kernel_files="tests/test_kernels.py tests/test_kernels_gpu.py tests/test_qat_kernel.py"
 kernel_files="$kernel_files tests/test_attention_gluon_gpu.py tests/test_fp4_query_split.py"
-kernel_files="$kernel_files tests/test_listed_fp4_gluon_gpu.py"
 # the quick files first: on a fresh machine (cold inductor caches) the runtime and compiled-step
 # files take minutes of compiles (session 30, an H100: tests/test_runtime_gpu.py ran 7 minutes
 # without finishing its tuned-compile test), so a time limit should stop those, not the AOT tests
@@ -75,8 +74,6 @@ if [ "$bench" = 1 ]; then
   python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\]" | tail -36
   python3 scripts/bench_layer_batch.py --out "$OUT" 2>&1 | tee "$OUT/bench_layer_batch.log" \
     | grep -v "it/s\]" | tail -8
-  # the listed pool's FP4 index: Triton's kernel against the Gluon one
-  python3 scripts/bench_listed_fp4.py --out "$OUT" 2>&1 | tee "$OUT/bench_listed_fp4.log" | grep -v "it/s\]" | tail -7
   # one flash MoE layer in the export's two decoder_step forms (--decode-moe; 54 GB at its peak)
   python3 scripts/bench_moe_dispatch.py --out "$OUT" 2>&1 | tee "$OUT/bench_moe_dispatch.log" | grep "^|" | tail -6
   # the sampler on this machine's host CPU, and select_tokens from logits on the GPU
