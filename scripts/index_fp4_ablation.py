@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Where the listed pool's FP4 index kernel (plugins/csa2_index_score/pooled_fp4.py) spends its time
+at a decode batch: the same launch (a flash Reindex layer: 16,384 listed slots of 128K entries per
+row, 32 heads x 128, kv_qat queries) timed over four patterns of listed ids, so the memory
+system's share can be told from the products':
+
+- `random`: sorted random ids over the row's 128K entries (what a decode step reads);
+- `contiguous`: ids 0..16383 (the same bytes, read in order: whole lines, streamed);
+- `one_entry`: every slot the same entry (each program re-reads one 68-byte key: no memory cost
+  beyond the ids and scores);
+- `none`: every slot -1 (the ids read and the scores written; no key read, no product).
+
+Two rooflines per row count, at the measured copy bandwidth: the counted bytes (each slot's id 4,
+codes 64, exponents 4, score 4: bench_layer_batch.py's figure) and the sectors a random slot
+touches (the memory system moves 32-byte sectors: a 64-byte code row is two, its 4-byte exponent
+word one more, 104 bytes a slot with the id and score). Each timed as one CUDA-graph replay after a
+256 MB read has evicted the L2 (bench_kernels.time_cold_ms). Writes index_fp4_ablation.json.
+
+    python3 scripts/index_fp4_ablation.py --out DIR [--rows 32,64,128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("index_fp4_ablation")
+HEADS, DIM, ENTRIES, SLOTS = 32, 128, 131072, 16384
+PATTERNS = ("random", "contiguous", "one_entry", "none")
+SECTOR = 32
+
+
+def slot_bytes() -> dict:
+    """Bytes per listed slot: counted (what the kernel uses) and in whole 32-byte sectors for a
+    random slot (codes 64 B aligned: 2 sectors; the exponent word: 1; id and score stream)."""
+    codes, exps, id_score = DIM // 2, DIM // 32, 8
+    sectors = -(-codes // SECTOR) + -(-exps // SECTOR)
+    return {"counted": codes + exps + id_score, "sectors": sectors * SECTOR + id_score}
+
+
+def listed_ids(pattern: str, rows: int, gen: torch.Generator) -> torch.Tensor:
+    """[rows, 1, SLOTS] int32 ids of one pattern."""
+    if pattern == "random":
+        ids = torch.rand(rows, ENTRIES, generator=gen, device="cuda").argsort(dim=1)[:, :SLOTS]
+        ids = ids.sort(dim=1).values
+    elif pattern == "contiguous":
+        ids = torch.arange(SLOTS, device="cuda").expand(rows, SLOTS)
+    elif pattern == "one_entry":
+        ids = torch.full((rows, SLOTS), 12345, device="cuda")
+    else:
+        ids = torch.full((rows, SLOTS), -1, device="cuda")
+    return ids.to(torch.int32).reshape(rows, 1, SLOTS).contiguous()
+
+
+def ablate(rows: int, gen: torch.Generator, gbps: float) -> dict:
+    from bench_kernels import time_cold_ms
+
+    from dsflash.model.quant import fp4_pow2_qat
+    from dsflash.plugins.csa2_index_score.pooled_fp4 import csa2_index_score_fp4_pooled, pooled_fp4_config
+
+    codes = torch.randint(0, 256, (rows, ENTRIES, DIM // 2), generator=gen, device="cuda", dtype=torch.uint8)
+    exps = torch.randint(-8, 1, (rows, ENTRIES, DIM // 32), generator=gen, device="cuda", dtype=torch.int8)
+    q = fp4_pow2_qat(torch.randn(rows, 1, HEADS, DIM, generator=gen, device="cuda").to(torch.bfloat16))
+    w = torch.randn(rows, 1, HEADS, generator=gen, device="cuda")
+    per_slot = slot_bytes()
+    out = {"rows": rows, "config": pooled_fp4_config(rows, SLOTS, q.device),
+           "roofline_us": {k: rows * SLOTS * v / gbps / 1e3 for k, v in per_slot.items()}, "us": {}}
+    for pattern in PATTERNS:
+        ids = listed_ids(pattern, rows, gen)
+        run = lambda ids=ids: csa2_index_score_fp4_pooled(q, w, codes, exps, ids)  # noqa: E731
+        out["us"][pattern] = 1e3 * time_cold_ms(run)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rows", default="32,64,128")
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    rows = [int(r) for r in a.rows.split(",")]
+    if min(rows) < 1:
+        raise SystemExit(f"--rows must be >= 1, got {a.rows}")
+    if not torch.cuda.is_available():
+        raise SystemExit("index_fp4_ablation.py needs a CUDA GPU")
+    from bench_decode import copy_bandwidth_GBps
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    gbps = copy_bandwidth_GBps("cuda")
+    results = []
+    for r in rows:
+        results.append(ablate(r, gen, gbps))
+        torch.cuda.empty_cache()
+    report = {"device": torch.cuda.get_device_name(), "copy_GBps": gbps, "slot_bytes": slot_bytes(),
+              "results": results}
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "index_fp4_ablation.json").write_text(json.dumps(report, indent=1))
+    log.info("%s, copy %.0f GB/s; us, and the counted / sector rooflines' fraction of random",
+             report["device"], gbps)
+    for res in results:
+        us, roof = res["us"], res["roofline_us"]
+        cells = "  ".join(f"{p} {us[p]:6.1f}" for p in PATTERNS)
+        log.info("%4d rows: %s  | roofline counted %.1f (%.0f%%), sectors %.1f (%.0f%%)", res["rows"], cells,
+                 roof["counted"], 100 * roof["counted"] / us["random"], roof["sectors"],
+                 100 * roof["sectors"] / us["random"])
+
+
+if __name__ == "__main__":
+    main()
