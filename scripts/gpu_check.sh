@@ -74,6 +74,8 @@ if [ "$bench" = 1 ]; then
   python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\]" | tail -36
   python3 scripts/bench_layer_batch.py --out "$OUT" 2>&1 | tee "$OUT/bench_layer_batch.log" \
     | grep -v "it/s\]" | tail -8
+  # the listed FP4 index kernel over four patterns of ids: what bounds it (docs, session 42)
+  python3 scripts/index_fp4_ablation.py --out "$OUT" 2>&1 | tee "$OUT/index_fp4_ablation.log" | tail -4
   # one flash MoE layer in the export's two decoder_step forms (--decode-moe; 54 GB at its peak)
   python3 scripts/bench_moe_dispatch.py --out "$OUT" 2>&1 | tee "$OUT/bench_moe_dispatch.log" | grep "^|" | tail -6
   # the sampler on this machine's host CPU, and select_tokens from logits on the GPU
