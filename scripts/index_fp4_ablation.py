@@ -10,10 +10,11 @@ system's share can be told from the products':
   beyond the ids and scores);
 - `none`: every slot -1 (the ids read and the scores written; no key read, no product).
 
-Two rooflines per row count, at the measured copy bandwidth: the counted bytes (each slot's id 4,
-codes 64, exponents 4, score 4: bench_layer_batch.py's figure) and the sectors a random slot
-touches (the memory system moves 32-byte sectors: a 64-byte code row is two, its 4-byte exponent
-word one more, 104 bytes a slot with the id and score). Each timed as one CUDA-graph replay after a
+Two rooflines per row count, at the measured copy bandwidth: the counted bytes
+(bench_layer_batch.layer_bytes' "index_listed_fp4": each slot's id 4, codes 64, exponents 4,
+score 4, and the queries) and the same with a random slot's key in whole sectors (the memory
+system moves 32-byte sectors: a 64-byte code row is two, its 4-byte exponent word one more, so 28
+bytes a slot more). Each timed as one CUDA-graph replay after a
 256 MB read has evicted the L2 (bench_kernels.time_cold_ms). Writes index_fp4_ablation.json.
 
     python3 scripts/index_fp4_ablation.py --out DIR [--rows 32,64,128]
@@ -29,46 +30,67 @@ from pathlib import Path
 import torch
 
 log = logging.getLogger("index_fp4_ablation")
-HEADS, DIM, ENTRIES, SLOTS = 32, 128, 131072, 16384
+ENTRIES = 131072
 PATTERNS = ("random", "contiguous", "one_entry", "none")
 SECTOR = 32
 
 
-def slot_bytes() -> dict:
-    """Bytes per listed slot: counted (what the kernel uses) and in whole 32-byte sectors for a
-    random slot (codes 64 B aligned: 2 sectors; the exponent word: 1; id and score stream)."""
-    codes, exps, id_score = DIM // 2, DIM // 32, 8
-    sectors = -(-codes // SECTOR) + -(-exps // SECTOR)
-    return {"counted": codes + exps + id_score, "sectors": sectors * SECTOR + id_score}
+def sector_padding(dim: int) -> int:
+    """Bytes a random slot's key moves beyond its own: its codes (dim / 2 bytes, aligned) and its
+    exponent word (dim / 32 bytes) each in whole 32-byte sectors (128 dims: 28)."""
+    codes, exps = dim // 2, dim // 32
+    return -(-codes // SECTOR) * SECTOR - codes + -(-exps // SECTOR) * SECTOR - exps
+
+
+def rooflines_us(rows: int, gbps: float) -> dict:
+    """The counted bytes (bench_layer_batch.layer_bytes) and those with the keys' sector padding,
+    in us at `gbps`."""
+    from bench_kernels import INDEX_DIM
+    from bench_layer_batch import layer_bytes
+
+    counted = layer_bytes(rows, ENTRIES, slots())["index_listed_fp4"]
+    sectors = counted + rows * slots() * sector_padding(INDEX_DIM)
+    return {"counted": counted / gbps / 1e3, "sectors": sectors / gbps / 1e3}
+
+
+def slots() -> int:
+    """A Reindex layer's listed slots per row (bench_kernels: the kept blocks x their entries)."""
+    from bench_kernels import CAND_BLOCK, CAND_BLOCKS
+
+    return CAND_BLOCKS * CAND_BLOCK
 
 
 def listed_ids(pattern: str, rows: int, gen: torch.Generator) -> torch.Tensor:
-    """[rows, 1, SLOTS] int32 ids of one pattern."""
+    """[rows, 1, slots] int32 ids of one pattern."""
+    n = slots()
     if pattern == "random":
-        ids = torch.rand(rows, ENTRIES, generator=gen, device="cuda").argsort(dim=1)[:, :SLOTS]
+        ids = torch.rand(rows, ENTRIES, generator=gen, device="cuda").argsort(dim=1)[:, :n]
         ids = ids.sort(dim=1).values
     elif pattern == "contiguous":
-        ids = torch.arange(SLOTS, device="cuda").expand(rows, SLOTS)
+        ids = torch.arange(n, device="cuda").expand(rows, n)
     elif pattern == "one_entry":
-        ids = torch.full((rows, SLOTS), 12345, device="cuda")
+        ids = torch.full((rows, n), 12345, device="cuda")
     else:
-        ids = torch.full((rows, SLOTS), -1, device="cuda")
-    return ids.to(torch.int32).reshape(rows, 1, SLOTS).contiguous()
+        ids = torch.full((rows, n), -1, device="cuda")
+    return ids.to(torch.int32).reshape(rows, 1, n).contiguous()
 
 
 def ablate(rows: int, gen: torch.Generator, gbps: float) -> dict:
-    from bench_kernels import time_cold_ms
+    from bench_kernels import INDEX_DIM, INDEX_HEADS, time_cold_ms
 
     from dsflash.model.quant import fp4_pow2_qat
     from dsflash.plugins.csa2_index_score.pooled_fp4 import csa2_index_score_fp4_pooled, pooled_fp4_config
 
-    codes = torch.randint(0, 256, (rows, ENTRIES, DIM // 2), generator=gen, device="cuda", dtype=torch.uint8)
-    exps = torch.randint(-8, 1, (rows, ENTRIES, DIM // 32), generator=gen, device="cuda", dtype=torch.int8)
-    q = fp4_pow2_qat(torch.randn(rows, 1, HEADS, DIM, generator=gen, device="cuda").to(torch.bfloat16))
-    w = torch.randn(rows, 1, HEADS, generator=gen, device="cuda")
-    per_slot = slot_bytes()
-    out = {"rows": rows, "config": pooled_fp4_config(rows, SLOTS, q.device),
-           "roofline_us": {k: rows * SLOTS * v / gbps / 1e3 for k, v in per_slot.items()}, "us": {}}
+    # any code byte; exponents in [-8, 0], as unit-normal keys get
+    codes = torch.randint(0, 256, (rows, ENTRIES, INDEX_DIM // 2), generator=gen, device="cuda",
+                          dtype=torch.uint8)
+    exps = torch.randint(-8, 1, (rows, ENTRIES, INDEX_DIM // 32), generator=gen, device="cuda",
+                         dtype=torch.int8)
+    q = torch.randn(rows, 1, INDEX_HEADS, INDEX_DIM, generator=gen, device="cuda")
+    q = fp4_pow2_qat(q.to(torch.bfloat16))
+    w = torch.randn(rows, 1, INDEX_HEADS, generator=gen, device="cuda")
+    out = {"rows": rows, "config": pooled_fp4_config(rows, slots(), q.device),
+           "roofline_us": rooflines_us(rows, gbps), "us": {}}
     for pattern in PATTERNS:
         ids = listed_ids(pattern, rows, gen)
         run = lambda ids=ids: csa2_index_score_fp4_pooled(q, w, codes, exps, ids)  # noqa: E731
@@ -95,8 +117,7 @@ def main() -> None:
     for r in rows:
         results.append(ablate(r, gen, gbps))
         torch.cuda.empty_cache()
-    report = {"device": torch.cuda.get_device_name(), "copy_GBps": gbps, "slot_bytes": slot_bytes(),
-              "results": results}
+    report = {"device": torch.cuda.get_device_name(), "copy_GBps": gbps, "slots": slots(), "results": results}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "index_fp4_ablation.json").write_text(json.dumps(report, indent=1))
     log.info("%s, copy %.0f GB/s; us, and the counted / sector rooflines' fraction of random",

@@ -22,12 +22,21 @@ def test_refuses_without_a_gpu():
     assert bad.returncode != 0 and "needs a CUDA GPU" in bad.stderr
 
 
-def test_a_random_slot_moves_three_sectors():
-    """The counted bytes are bench_layer_batch.py's (76 per slot); a random slot's key touches two
-    32-byte sectors of codes and one of exponents, 104 bytes with its id and score."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+def test_rooflines_count_the_layer_table_bytes_and_the_sector_padding():
+    """The counted roofline is bench_layer_batch.py's listed FP4 index bytes; a random slot's key
+    adds 28 bytes in whole 32-byte sectors (codes: 64 in two; the 4-byte exponent word: one)."""
+    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
+    sys.path.insert(0, scripts)
     try:
         import index_fp4_ablation
+        from bench_layer_batch import layer_bytes
     finally:
-        sys.path.pop(0)
-    assert index_fp4_ablation.slot_bytes() == {"counted": 76, "sectors": 104}
+        sys.path.remove(scripts)
+    assert index_fp4_ablation.sector_padding(128) == 28
+    slots = index_fp4_ablation.slots()
+    assert slots == 16384
+    gbps = 1000.0
+    roof = index_fp4_ablation.rooflines_us(64, gbps)
+    counted = layer_bytes(64, index_fp4_ablation.ENTRIES, slots)["index_listed_fp4"]
+    assert roof["counted"] == counted / gbps / 1e3
+    assert roof["sectors"] - roof["counted"] == pytest.approx(64 * slots * 28 / gbps / 1e3, rel=1e-12)
