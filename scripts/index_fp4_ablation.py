@@ -8,7 +8,11 @@ system's share can be told from the products':
 - `contiguous`: ids 0..16383 (the same bytes, read in order: whole lines, streamed);
 - `one_entry`: every slot the same entry (each program re-reads one 68-byte key: no memory cost
   beyond the ids and scores);
-- `none`: every slot -1 (the ids read and the scores written; no key read, no product).
+- `none`: every slot -1 (the ids read and the scores written; no key read, no product);
+- `gather_only`: random ids as in `random`, read by listed_key_gather_kernel below instead: the
+  same ids, keys and 4-byte results in the same pipelined loop and grid, but no products (each
+  slot's 16 code words and exponent word XORed). What the memory system gives these bytes in this
+  access pattern, the bound the products' kernel could reach if its compute were free.
 
 Two rooflines per row count, at the measured copy bandwidth: the counted bytes
 (bench_layer_batch.layer_bytes' "index_listed_fp4": each slot's id 4, codes 64, exponents 4,
@@ -28,11 +32,62 @@ import logging
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 log = logging.getLogger("index_fp4_ablation")
 ENTRIES = 131072
 PATTERNS = ("random", "contiguous", "one_entry", "none")
+COLUMNS = PATTERNS + ("gather_only",)
 SECTOR = 32
+
+
+@triton.jit
+def listed_key_gather_kernel(codes_ptr, exps_ptr, entries_ptr, out_ptr, N, P, WORDS: tl.constexpr,
+                             BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr):
+    """Grid (rows, runs of BLOCKS list blocks of BLOCK_N slots), as pooled_fp4.py's pipelined launch
+    with one query row per batch item: per listed slot its key's WORDS int32 code words and its
+    exponent word XORed into one int32 (0 where the id is outside [0, N))."""
+    row = tl.program_id(0).to(tl.int64)
+    first = tl.program_id(1) * BLOCKS
+    last = tl.minimum(first + BLOCKS, tl.cdiv(P, BLOCK_N))
+    kw = tl.arange(0, WORDS)
+    for blk in tl.range(first, last, num_stages=STAGES):
+        p = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+        pmask = p < P
+        entry = tl.load(entries_ptr + row * P + p, mask=pmask, other=-1)
+        live = (entry >= 0) & (entry < N)
+        key = row * N + entry
+        words = tl.load(codes_ptr + key[:, None] * WORDS + kw[None, :], mask=live[:, None], other=0)
+        exps = tl.load(exps_ptr + key, mask=live, other=0)
+        tl.store(out_ptr + row * P + p, tl.xor_sum(words, axis=1) ^ exps, mask=pmask)
+
+
+def listed_key_gather(codes_RNW: torch.Tensor, exps_RN: torch.Tensor, ids_RP: torch.Tensor,
+                      cfg: dict) -> torch.Tensor:
+    """listed_key_gather_kernel's launch over int32 views of the keys (codes [R, N, W], exponent
+    words [R, N]) and ids [R, P] int32, in cfg's blocks, runs and stages (pooled_fp4_config)."""
+    rows, n, words = codes_RNW.shape
+    p = ids_RP.shape[1]
+    out = torch.empty(rows, p, dtype=torch.int32, device=ids_RP.device)
+    runs = triton.cdiv(triton.cdiv(p, cfg["BLOCK_N"]), cfg["BLOCKS"])
+    listed_key_gather_kernel[(rows, runs)](codes_RNW, exps_RN, ids_RP, out, n, p, WORDS=words,
+                                           BLOCK_N=cfg["BLOCK_N"], BLOCKS=cfg["BLOCKS"],
+                                           STAGES=cfg.get("STAGES", 3), num_warps=cfg.get("num_warps", 4))
+    return out
+
+
+def listed_key_gather_reference(codes_RNW: torch.Tensor, exps_RN: torch.Tensor, ids_RP: torch.Tensor,
+                                cfg: dict) -> torch.Tensor:
+    """listed_key_gather's result from PyTorch ops (cfg unused: the launch's settings)."""
+    n, words = codes_RNW.shape[1:]
+    live = (ids_RP >= 0) & (ids_RP < n)
+    idx = ids_RP.long().clamp(0, n - 1)
+    gathered = codes_RNW.gather(1, idx.unsqueeze(-1).expand(-1, -1, words))
+    x = exps_RN.gather(1, idx)
+    for k in range(words):
+        x = x ^ gathered[..., k]
+    return torch.where(live, x, torch.zeros_like(x))
 
 
 def sector_padding(dim: int) -> int:
@@ -95,6 +150,11 @@ def ablate(rows: int, gen: torch.Generator, gbps: float) -> dict:
         ids = listed_ids(pattern, rows, gen)
         run = lambda ids=ids: csa2_index_score_fp4_pooled(q, w, codes, exps, ids)  # noqa: E731
         out["us"][pattern] = 1e3 * time_cold_ms(run)
+    ids = listed_ids("random", rows, gen).view(rows, -1)
+    args = (codes.view(torch.int32), exps.view(torch.int32).view(rows, ENTRIES), ids, out["config"])
+    if not torch.equal(listed_key_gather(*args), listed_key_gather_reference(*args)):
+        raise RuntimeError("listed_key_gather_kernel differs from its reference")
+    out["us"]["gather_only"] = 1e3 * time_cold_ms(lambda: listed_key_gather(*args))
     return out
 
 
@@ -124,7 +184,7 @@ def main() -> None:
              report["device"], gbps)
     for res in results:
         us, roof = res["us"], res["roofline_us"]
-        cells = "  ".join(f"{p} {us[p]:6.1f}" for p in PATTERNS)
+        cells = "  ".join(f"{p} {us[p]:6.1f}" for p in COLUMNS)
         log.info("%4d rows: %s  | roofline counted %.1f (%.0f%%), sectors %.1f (%.0f%%)", res["rows"], cells,
                  roof["counted"], 100 * roof["counted"] / us["random"], roof["sectors"],
                  100 * roof["sectors"] / us["random"])

@@ -288,6 +288,55 @@ def test_index_score_fp4_extreme_scales(gen, path):
     assert torch.all(want > 0) and torch.equal(got.cpu(), want)
 
 
+def _fp4_keys_of_every_exponent(gen, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP4 keys [1, n, 128] of every channel 1.0 whose four scale groups' exponents lie within 12
+    binades of each other (every sum of the test is then exact in fp32, so the scores compare bit
+    for bit), from -126 to 100 per entry, and one entry in 40 holding -127 or -128 (below what
+    fp4_pow2_pack writes: the fp32 subnormals 2^-127 and 2^-128) in one of its groups."""
+    base = torch.randint(-126, 89, (1, n, 1), generator=gen)
+    exps = base + torch.randint(0, 13, (1, n, 4), generator=gen)
+    odd = torch.arange(n) % 40 == 7
+    group = torch.randint(0, 4, (n,), generator=gen)
+    low = torch.randint(-128, -114, (1, n, 4), generator=gen)
+    low[0, torch.arange(n), group] = torch.where(torch.arange(n) % 80 == 7, -128, -127)
+    exps = torch.where(odd.view(1, n, 1), low, exps).to(torch.int8)
+    return torch.full((1, n, 64), 0x22, dtype=torch.uint8), exps
+
+
+FP4_WORD_LAUNCHES = {"mma": {"PATH": "mma", "EXP_WORDS": True},
+                     "mma_pipelined": {"PATH": "mma", "EXP_WORDS": True, "BLOCK_N": 128, "BLOCKS": 4,
+                                       "STAGES": 3}}
+
+
+@pytest.mark.parametrize("launch", ["mma", "mma_pipelined", "listed", "listed_pipelined"])
+def test_index_score_fp4_word_exponents_exact_at_every_int8(gen, launch):
+    """The FP8 paths with the exponents as int32 words (four per word, fp4_mma.py:_exponent), at
+    every int8 exponent: with the queries 2^g in scale group g (so that a group given another's
+    scale shows), the scores equal the reference's bit for bit at exponents from -128 to 100, the
+    subnormal scales 2^-127 and 2^-128 in one entry in 40. Mask form (one-row and pipelined
+    launches) and listed form (branch and pipelined); test_index_score_fp4_extreme_scales covers
+    the byte exponents (J = 32). Under the interpreter the queries are fp32."""
+    from dsflash.plugins.csa2_index_score.pooled_fp4 import csa2_index_score_fp4_pooled
+
+    n = 1000
+    dtype = torch.float32 if interpreting() else torch.bfloat16
+    codes, exps = _fp4_keys_of_every_exponent(gen, n)
+    q = (2.0 ** torch.arange(4.0)).repeat_interleave(32).expand(1, 1, 32, 128).to(dtype)  # group g: 2^g
+    w = torch.ones(1, 1, 32)
+    if launch.startswith("listed"):
+        entries = torch.randperm(n, generator=gen)[:700].to(torch.int32).view(1, 1, 700)
+        over = {"BLOCK_N": 128, "BLOCKS": 4, "STAGES": 3} if launch == "listed_pipelined" else {}
+        over["EXP_WORDS"] = True
+        got = csa2_index_score_fp4_pooled(*_dev(q, w, codes, exps, entries), overrides=over)
+        want = index_ref.csa2_index_score_fp4_pooled(q.float(), w, codes, exps, entries)
+    else:
+        visible = torch.ones(1, 1, n, dtype=torch.bool)
+        got = index_kernel.csa2_index_score_fp4(*_dev(q, w, codes, exps, visible),
+                                                overrides=FP4_WORD_LAUNCHES[launch])
+        want = index_ref.csa2_index_score_fp4(q.float(), w, codes, exps, visible)
+    assert torch.all(want > 0) and torch.equal(got.cpu(), want)
+
+
 @triton.jit
 def _fp4_keys_probe(codes_ptr, exps_ptr, out_ptr, N, J: tl.constexpr, BLOCK_N: tl.constexpr,
                     GP: tl.constexpr):
