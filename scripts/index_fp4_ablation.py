@@ -1,24 +1,29 @@
 #!/usr/bin/env python3
 """Where the listed pool's FP4 index kernel (plugins/csa2_index_score/pooled_fp4.py) spends its time
 at a decode batch: the same launch (a flash Reindex layer: 16,384 listed slots of 128K entries per
-row, 32 heads x 128, kv_qat queries) timed over four patterns of listed ids, so the memory
+row, 32 heads x 128, kv_qat queries) timed over five patterns of listed ids, so the memory
 system's share can be told from the products':
 
-- `random`: sorted random ids over the row's 128K entries (what a decode step reads);
+- `pool_blocks`: what a decode step reads: the candidate pool's 2,048 random blocks of 8
+  consecutive entries (model/config.py: candidate_topk_blocks, candidate_block_size), ascending;
+  a block's 8 code rows are 512 contiguous bytes and its 8 exponent words one 32-byte sector;
+- `random`: 16,384 single random ids, ascending (a pool of one-entry blocks: each key's codes and
+  exponent word in three sectors of their own, the worst case);
 - `contiguous`: ids 0..16383 (the same bytes, read in order: whole lines, streamed);
 - `one_entry`: every slot the same entry (each program re-reads one 68-byte key: no memory cost
   beyond the ids and scores);
 - `none`: every slot -1 (the ids read and the scores written; no key read, no product);
-- `gather_only`: random ids as in `random`, read by listed_key_gather_kernel below instead: the
-  same ids, keys and 4-byte results in the same pipelined loop and grid, but no products (each
-  slot's 16 code words and exponent word XORed). What the memory system gives these bytes in this
-  access pattern, the bound the products' kernel could reach if its compute were free.
+- `gather_pool_blocks`, `gather_random`: those two patterns' ids read by
+  listed_key_gather_kernel below instead: the same ids, keys and 4-byte results in the same
+  pipelined loop and grid, but no products (each slot's 16 code words and exponent word XORed).
+  What the memory system gives these bytes in that access pattern: the bound the products' kernel
+  could reach if its compute were free.
 
 Two rooflines per row count, at the measured copy bandwidth: the counted bytes
 (bench_layer_batch.layer_bytes' "index_listed_fp4": each slot's id 4, codes 64, exponents 4,
-score 4, and the queries) and the same with a random slot's key in whole sectors (the memory
-system moves 32-byte sectors: a 64-byte code row is two, its 4-byte exponent word one more, so 28
-bytes a slot more). Each timed as one CUDA-graph replay after a
+score 4, and the queries; whole sectors in `pool_blocks`) and the same with a `random` slot's key in
+whole sectors (the memory system moves 32-byte sectors: a 64-byte code row is two, its 4-byte
+exponent word one more, so 28 bytes a slot more). Each timed as one CUDA-graph replay after a
 256 MB read has evicted the L2 (bench_kernels.time_cold_ms). Writes index_fp4_ablation.json.
 
     python3 scripts/index_fp4_ablation.py --out DIR [--rows 32,64,128]
@@ -37,8 +42,9 @@ import triton.language as tl
 
 log = logging.getLogger("index_fp4_ablation")
 ENTRIES = 131072
-PATTERNS = ("random", "contiguous", "one_entry", "none")
-COLUMNS = PATTERNS + ("gather_only",)
+PATTERNS = ("pool_blocks", "random", "contiguous", "one_entry", "none")
+GATHERED = ("pool_blocks", "random")
+COLUMNS = PATTERNS + tuple(f"gather_{p}" for p in GATHERED)
 SECTOR = 32
 
 
@@ -117,8 +123,14 @@ def slots() -> int:
 
 def listed_ids(pattern: str, rows: int, gen: torch.Generator) -> torch.Tensor:
     """[rows, 1, slots] int32 ids of one pattern."""
+    from bench_kernels import CAND_BLOCK, CAND_BLOCKS
+
     n = slots()
-    if pattern == "random":
+    if pattern == "pool_blocks":
+        blocks = torch.rand(rows, ENTRIES // CAND_BLOCK, generator=gen, device="cuda").argsort(dim=1)
+        first = blocks[:, :CAND_BLOCKS].sort(dim=1).values * CAND_BLOCK
+        ids = (first.unsqueeze(-1) + torch.arange(CAND_BLOCK, device="cuda")).flatten(1)
+    elif pattern == "random":
         ids = torch.rand(rows, ENTRIES, generator=gen, device="cuda").argsort(dim=1)[:, :n]
         ids = ids.sort(dim=1).values
     elif pattern == "contiguous":
@@ -150,11 +162,12 @@ def ablate(rows: int, gen: torch.Generator, gbps: float) -> dict:
         ids = listed_ids(pattern, rows, gen)
         run = lambda ids=ids: csa2_index_score_fp4_pooled(q, w, codes, exps, ids)  # noqa: E731
         out["us"][pattern] = 1e3 * time_cold_ms(run)
-    ids = listed_ids("random", rows, gen).view(rows, -1)
-    args = (codes.view(torch.int32), exps.view(torch.int32).view(rows, ENTRIES), ids, out["config"])
-    if not torch.equal(listed_key_gather(*args), listed_key_gather_reference(*args)):
-        raise RuntimeError("listed_key_gather_kernel differs from its reference")
-    out["us"]["gather_only"] = 1e3 * time_cold_ms(lambda: listed_key_gather(*args))
+    for pattern in GATHERED:
+        ids = listed_ids(pattern, rows, gen).view(rows, -1)
+        args = (codes.view(torch.int32), exps.view(torch.int32).view(rows, ENTRIES), ids, out["config"])
+        if not torch.equal(listed_key_gather(*args), listed_key_gather_reference(*args)):
+            raise RuntimeError("listed_key_gather_kernel differs from its reference")
+        out["us"][f"gather_{pattern}"] = 1e3 * time_cold_ms(lambda args=args: listed_key_gather(*args))
     return out
 
 
@@ -180,14 +193,15 @@ def main() -> None:
     report = {"device": torch.cuda.get_device_name(), "copy_GBps": gbps, "slots": slots(), "results": results}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "index_fp4_ablation.json").write_text(json.dumps(report, indent=1))
-    log.info("%s, copy %.0f GB/s; us, and the counted / sector rooflines' fraction of random",
-             report["device"], gbps)
+    log.info("%s, copy %.0f GB/s; us; the counted roofline's fraction of pool_blocks and random, the "
+             "sector roofline's of random", report["device"], gbps)
     for res in results:
         us, roof = res["us"], res["roofline_us"]
         cells = "  ".join(f"{p} {us[p]:6.1f}" for p in COLUMNS)
-        log.info("%4d rows: %s  | roofline counted %.1f (%.0f%%), sectors %.1f (%.0f%%)", res["rows"], cells,
-                 roof["counted"], 100 * roof["counted"] / us["random"], roof["sectors"],
-                 100 * roof["sectors"] / us["random"])
+        fractions = (100 * roof["counted"] / us["pool_blocks"], 100 * roof["counted"] / us["random"],
+                     100 * roof["sectors"] / us["random"])
+        log.info("%4d rows: %s  | counted %.1f (%.0f%%, %.0f%%), sectors %.1f (%.0f%%)", res["rows"], cells,
+                 roof["counted"], fractions[0], fractions[1], roof["sectors"], fractions[2])
 
 
 if __name__ == "__main__":
