@@ -99,7 +99,7 @@ def pdl_kernel_specs() -> dict:
                  "W": "i32", "out_ptr": "*i64"}
     return {
         "index_pooled": (pooled.csa2_index_score_pooled_kernel, pooled_sig,
-                         index_consts | constants(index.pipelined_launch())),
+                         index_consts | constants(pooled.listed_pipelined_launch())),
         "pool_counts": (pool_list.pool_segment_counts_kernel,
                         {"member_ptr": "*u8", "N": "i32", "SEGS": "i32", "counts_ptr": "*i32"},
                         {"SEG": 4096}),

@@ -67,9 +67,9 @@ def test_listed_pool_scores_and_picks_flash_sizes(gen, rows):
     """A Reindex layer's pool listed (OpSet("triton")'s form: 512 blocks of 8 entries of 16,411,
     the newest partial block included): the pooled kernel meets the reference, its scores are the
     mask-form kernel's bits at every listed entry (one row: 64-entry blocks; 40 rows: the pipelined
-    launch), and the top-k over the list picks what the top-k over all entries picks."""
+    launch, 5 stages), and the top-k over the list picks what the top-k over all entries picks."""
     from dsflash.model import csa2_ops
-    from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
+    from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled, listed_pipelined_config
     from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
 
     n, block, kept = 16411, 8, 512
@@ -82,6 +82,8 @@ def test_listed_pool_scores_and_picks_flash_sizes(gen, rows):
     pool = torch.zeros(rows, blocks, dtype=torch.bool).scatter(1, picks, True)
     member = pool.repeat_interleave(block, dim=1)[:, :n].view(rows, 1, n)
     entries = csa2_ops.pool_entry_list(member, kept * block)
+    stages = listed_pipelined_config(rows, kept * block, 128, BF16, torch.device("cuda")).get("STAGES")
+    assert stages == (5 if rows == 40 else None)  # 40 rows: the pipelined launch, key copies 2 blocks ahead
     poison_allocator()
     got = csa2_index_score_pooled(*cuda(q, w, k, entries))
     assert_kernel_matches(got, index_ref.csa2_index_score_pooled, (q, w, k, entries), {}, BF16,

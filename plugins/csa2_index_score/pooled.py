@@ -22,6 +22,7 @@ from dsflash.plugins.csa2_index_score.kernel import (
     _row_queries,
     launch_config,
     pipelined_config,
+    pipelined_launch,
 )
 from dsflash.plugins.launch import (
     FLOATS,
@@ -93,7 +94,26 @@ def csa2_index_score_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: to
         return out
     over = dict(overrides or {})
     pdl = pdl_launch_args(q.device, {"PDL": over.pop("PDL", True)})
-    cfg = launch_config(i, j, q.dtype) | pipelined_config(b * s, p, j, q.dtype, q.device) | over
+    cfg = launch_config(i, j, q.dtype) | listed_pipelined_config(b * s, p, j, q.dtype, q.device) | over
     grid = (b * s, cdiv(p, cfg["BLOCK_N"] * cfg.get("BLOCKS", 1)))
     csa2_index_score_pooled_kernel[grid](q, w, k, entries, s, n, p, out, I=i, J=j, **cfg, **pdl)
     return out
+
+
+def listed_pipelined_config(rows: int, p: int, dim: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """The mask form's pipelined settings (kernel.py:pipelined_config, where they apply) with the
+    key copies two blocks ahead: 5 stages, runs of 8 blocks. Triton's pipeliner splits a loop's
+    stages over the chain ids -> keys; at 3 (or 4) stages the next block's key copies are issued
+    after a block's products and waited for first thing in the next block (TTGIR: async_wait num
+    = 0), so a program's reads and products take turns, where at 5 they overlap (num = 1-2). The
+    mask form has no such chain (its waits leave 5 groups in flight at 3 stages). H100, 2026-12-06
+    (the candidate pool's 2,048 blocks of 8 of 128K per row, cold L2; bits equal to the default's):
+    32 rows 55.7 us against 57.8, 64 rows 103.3 against 115.4 (5 stages in runs of 4: 57.2 / 103.7;
+    6 stages in runs of 8: 55.5 / 103.5). The FP4 listed kernel (pooled_fp4.py) is slower at 5
+    stages (57.1 against 54.1 us at 64 rows): its products, not its reads, set its time."""
+    return listed_pipelined_launch() if pipelined_config(rows, p, dim, dtype, device) else {}
+
+
+def listed_pipelined_launch() -> dict:
+    """listed_pipelined_config's settings where the pipelined launch applies."""
+    return pipelined_launch() | {"STAGES": 5, "BLOCKS": 8}
