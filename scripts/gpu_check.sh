@@ -74,8 +74,11 @@ if [ "$bench" = 1 ]; then
   python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\]" | tail -36
   python3 scripts/bench_layer_batch.py --out "$OUT" 2>&1 | tee "$OUT/bench_layer_batch.log" \
     | grep -v "it/s\]" | tail -8
-  # the listed FP4 index kernel over four patterns of ids: what bounds it (docs, session 42)
+  # the listed FP4 index kernel over five patterns of ids and its reads alone: what bounds it
+  # (docs, sessions 42-43); the listed kernels at other pipeline depths against their defaults
   python3 scripts/index_fp4_ablation.py --out "$OUT" 2>&1 | tee "$OUT/index_fp4_ablation.log" | tail -4
+  python3 scripts/listed_stages_sweep.py --out "$OUT" --rows 32,64,128 --kernels fp4,bf16 \
+    --settings 3:4,5:8,5:16 2>&1 | tee "$OUT/listed_stages_sweep.log" | tail -6
   # one flash MoE layer in the export's two decoder_step forms (--decode-moe; 54 GB at its peak)
   python3 scripts/bench_moe_dispatch.py --out "$OUT" 2>&1 | tee "$OUT/bench_moe_dispatch.log" | grep "^|" | tail -6
   # the sampler on this machine's host CPU, and select_tokens from logits on the GPU
