@@ -110,10 +110,18 @@ def listed_pipelined_config(rows: int, p: int, dim: int, dtype: torch.dtype, dev
     (the candidate pool's 2,048 blocks of 8 of 128K per row, cold L2; bits equal to the default's):
     32 rows 55.7 us against 57.8, 64 rows 103.3 against 115.4 (5 stages in runs of 4: 57.2 / 103.7;
     6 stages in runs of 8: 55.5 / 103.5). The FP4 listed kernel (pooled_fp4.py) is slower at 5
-    stages (57.1 against 54.1 us at 64 rows): its products, not its reads, set its time."""
-    return listed_pipelined_launch() if pipelined_config(rows, p, dim, dtype, device) else {}
+    stages (57.1 against 54.1 us at 64 rows): its products, not its reads, set its time.
+
+    Only where runs of 8 still leave pipelined_config's 1.5 programs per SM (from ~13 rows of
+    16,384 slots on 132 SMs); fewer rows keep its settings (not measured with the deeper ones)."""
+    cfg = pipelined_config(rows, p, dim, dtype, device)
+    deep = listed_pipelined_launch()
+    if not cfg or 2 * rows * cdiv(p, deep["BLOCKS"] * deep["BLOCK_N"]) < \
+            3 * torch.cuda.get_device_properties(device).multi_processor_count:
+        return cfg
+    return deep
 
 
 def listed_pipelined_launch() -> dict:
-    """listed_pipelined_config's settings where the pipelined launch applies."""
+    """listed_pipelined_config's deeper settings: the pipelined launch's, 5 stages, runs of 8."""
     return pipelined_launch() | {"STAGES": 5, "BLOCKS": 8}
