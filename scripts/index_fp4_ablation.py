@@ -142,13 +142,14 @@ def listed_ids(pattern: str, rows: int, gen: torch.Generator) -> torch.Tensor:
     return ids.to(torch.int32).reshape(rows, 1, n).contiguous()
 
 
-def ablate(rows: int, gen: torch.Generator, gbps: float) -> dict:
-    from bench_kernels import INDEX_DIM, INDEX_HEADS, time_cold_ms
+def fp4_inputs(rows: int, gen: torch.Generator) -> tuple:
+    """(codes [rows, 128K, 64] uint8, exps [rows, 128K, 4] int8, kv_qat queries [rows, 1, 32, 128]
+    bf16, head weights [rows, 1, 32]) on the GPU: any code byte, exponents in [-8, 0] as unit-normal
+    keys get."""
+    from bench_kernels import INDEX_DIM, INDEX_HEADS
 
     from dsflash.model.quant import fp4_pow2_qat
-    from dsflash.plugins.csa2_index_score.pooled_fp4 import csa2_index_score_fp4_pooled, pooled_fp4_config
 
-    # any code byte; exponents in [-8, 0], as unit-normal keys get
     codes = torch.randint(0, 256, (rows, ENTRIES, INDEX_DIM // 2), generator=gen, device="cuda",
                           dtype=torch.uint8)
     exps = torch.randint(-8, 1, (rows, ENTRIES, INDEX_DIM // 32), generator=gen, device="cuda",
@@ -156,6 +157,15 @@ def ablate(rows: int, gen: torch.Generator, gbps: float) -> dict:
     q = torch.randn(rows, 1, INDEX_HEADS, INDEX_DIM, generator=gen, device="cuda")
     q = fp4_pow2_qat(q.to(torch.bfloat16))
     w = torch.randn(rows, 1, INDEX_HEADS, generator=gen, device="cuda")
+    return codes, exps, q, w
+
+
+def ablate(rows: int, gen: torch.Generator, gbps: float) -> dict:
+    from bench_kernels import time_cold_ms
+
+    from dsflash.plugins.csa2_index_score.pooled_fp4 import csa2_index_score_fp4_pooled, pooled_fp4_config
+
+    codes, exps, q, w = fp4_inputs(rows, gen)
     out = {"rows": rows, "config": pooled_fp4_config(rows, slots(), q.device),
            "roofline_us": rooflines_us(rows, gbps), "us": {}}
     for pattern in PATTERNS:

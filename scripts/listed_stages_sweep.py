@@ -52,26 +52,21 @@ def parse_setting(text: str) -> dict:
 def kernel_runs(kernel: str, rows: int, gen: torch.Generator):
     """(a launch taking overrides, its default settings) for one kernel over `rows` rows."""
     from bench_kernels import INDEX_DIM, INDEX_HEADS
-    from index_fp4_ablation import ENTRIES, listed_ids, listed_key_gather, slots
+    from index_fp4_ablation import ENTRIES, fp4_inputs, listed_ids, listed_key_gather, slots
 
-    from dsflash.model.quant import fp4_pow2_qat
     from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled, listed_pipelined_config
     from dsflash.plugins.csa2_index_score.pooled_fp4 import csa2_index_score_fp4_pooled, pooled_fp4_config
 
     ids = listed_ids("pool_blocks", rows, gen)
-    q = torch.randn(rows, 1, INDEX_HEADS, INDEX_DIM, generator=gen, device="cuda").to(torch.bfloat16)
-    w = torch.randn(rows, 1, INDEX_HEADS, generator=gen, device="cuda")
     if kernel == "bf16":
+        q = torch.randn(rows, 1, INDEX_HEADS, INDEX_DIM, generator=gen, device="cuda").to(torch.bfloat16)
+        w = torch.randn(rows, 1, INDEX_HEADS, generator=gen, device="cuda")
         k = torch.randn(rows, ENTRIES, INDEX_DIM, generator=gen, device="cuda").to(torch.bfloat16)
         default = listed_pipelined_config(rows, slots(), INDEX_DIM, torch.bfloat16, q.device)
         return lambda over: csa2_index_score_pooled(q, w, k, ids, overrides=over), default
-    codes = torch.randint(0, 256, (rows, ENTRIES, INDEX_DIM // 2), generator=gen, device="cuda",
-                          dtype=torch.uint8)
-    exps = torch.randint(-8, 1, (rows, ENTRIES, INDEX_DIM // 32), generator=gen, device="cuda",
-                         dtype=torch.int8)
+    codes, exps, q, w = fp4_inputs(rows, gen)
     default = pooled_fp4_config(rows, slots(), q.device)
     if kernel == "fp4":
-        q = fp4_pow2_qat(q)
         return lambda over: csa2_index_score_fp4_pooled(q, w, codes, exps, ids, overrides=over), default
     words = (codes.view(torch.int32), exps.view(torch.int32).view(rows, ENTRIES), ids.view(rows, -1))
     return lambda over: listed_key_gather(*words, default | over), default
