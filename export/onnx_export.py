@@ -10,6 +10,7 @@ ties the same way.
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from dsflash.export.contract import graph_inputs
 from dsflash.export.graphs import GraphModule
 from dsflash.model.model import DSFlashModel
 from dsflash.model.moe import MOE_EXPORT_DISPATCH, export_form
+from dsflash.plugins.registry import OpSet
 
 log = logging.getLogger(__name__)
 FLAVORS = ("plugin", "portable")
@@ -53,7 +55,9 @@ def _sort_stable(self, stable=None, dim: int = -1, descending: bool = False):
 
 
 def translation_table(flavor: str) -> dict:
-    table = {torch.ops.aten.sort.stable: _sort_stable}
+    from dsflash.plugins.mhc_boundary.sinkhorn_node import sinkhorn_translation_table
+
+    table = {torch.ops.aten.sort.stable: _sort_stable} | sinkhorn_translation_table()
     if flavor == "plugin":
         from dsflash.plugins.onnx_translation import plugin_translation_table
 
@@ -106,26 +110,34 @@ def _export_program(model: DSFlashModel, graph: str, flavor: str, options: Expor
     example = tuple(t.to(model.embed.weight.device) for t in example)
     dynamic = tuple({axis: torch.export.Dim.AUTO for axis in t.dynamic_axes()}
                     for t in graph_inputs(cfg, graph))
-    previous = model.ops.backend, model.ops.split_attention, model.ops.split_mhc, model.ops.entry_form
-    model.ops.backend = "custom_op" if flavor == "plugin" else "reference"
+    dispatch = options.decode_moe if graph == "decoder_step" else "dense"
+    with torch.no_grad(), graph_forms(model.ops, graph, flavor, options), export_form(model, dispatch):
+        return torch.onnx.export(
+            module, example, None, dynamo=True, input_names=module.input_names,
+            output_names=module.output_names, dynamic_shapes=(dynamic,), optimize=False,
+            custom_translation_table=translation_table(flavor), verbose=False)
+
+
+@contextmanager
+def graph_forms(ops: OpSet, graph: str, flavor: str, options: ExportOptions = ExportOptions()):
+    """The model's OpSet set up to trace `graph` in `flavor`, restored afterwards (also on an
+    error): the plugin flavor runs the custom ops, the portable one the references."""
+    previous = ops.backend, ops.split_attention, ops.split_mhc, ops.entry_form, ops.sinkhorn_node
+    ops.backend = "custom_op" if flavor == "plugin" else "reference"
     # decoder_step runs decode steps (one row per sequence): its attention and mHC nodes take the
     # split forms, whose key / channel splits a TensorRT plugin cannot do inside one node
     # (plugins/registry.py); the attention keeps one node where the export asks for it
     decode_plugins = flavor == "plugin" and graph == "decoder_step"
-    model.ops.split_mhc = decode_plugins
-    model.ops.split_attention = decode_plugins and options.decode_attention == "split"
+    ops.split_mhc = decode_plugins
+    ops.split_attention = decode_plugins and options.decode_attention == "split"
     # kv_qat's FP4 entries: a decode step decodes the ones it selects, a prefill all of them once
-    model.ops.entry_form = "selected" if graph == "decoder_step" else "all"
+    ops.entry_form = "selected" if graph == "decoder_step" else "all"
+    # each Sinkhorn traced as one node, written out as its ops (mhc_boundary/sinkhorn_node.py)
+    ops.sinkhorn_node = True
     try:
-        dispatch = options.decode_moe if graph == "decoder_step" else "dense"
-        with torch.no_grad(), export_form(model, dispatch):
-            program = torch.onnx.export(
-                module, example, None, dynamo=True, input_names=module.input_names,
-                output_names=module.output_names, dynamic_shapes=(dynamic,), optimize=False,
-                custom_translation_table=translation_table(flavor), verbose=False)
+        yield ops
     finally:
-        model.ops.backend, model.ops.split_attention, model.ops.split_mhc, model.ops.entry_form = previous
-    return program
+        ops.backend, ops.split_attention, ops.split_mhc, ops.entry_form, ops.sinkhorn_node = previous
 
 
 def _strip_module_prefix(proto) -> None:

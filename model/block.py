@@ -58,7 +58,7 @@ class Block(nn.Module):
         if self.engram is not None:
             streams_BSCE = self.engram(streams_BSCE, cids_BT)
         coeffs = hc_mixes(streams_BSCE, *self.site("attn"), cfg.hc_sinkhorn_iters, cfg.hc_eps,
-                          cfg.rms_norm_eps)
+                          cfg.rms_norm_eps, sinkhorn_fn=self.ops.sinkhorn)
         return streams_BSCE, self.attn_norm(hc_collapse(streams_BSCE, pi_BSC)), coeffs
 
     def attn_boundary(self, streams, y, post, comb, pre):

@@ -25,8 +25,10 @@ __all__ = ["hc_collapse", "hc_mixes", "hc_post", "mhc_boundary", "n_mixes", "sin
 
 
 def hc_mixes(streams_BSCE: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
-             iters: int, hc_eps: float, rms_eps: float):
-    """Op-by-op form: normalise the flattened residual first, then project (transformers' order)."""
+             iters: int, hc_eps: float, rms_eps: float, *, sinkhorn_fn=sinkhorn):
+    """Op-by-op form: normalise the flattened residual first, then project (transformers' order).
+    `sinkhorn_fn`: as in split_mixes (the model passes OpSet.sinkhorn)."""
     flat = f32(streams_BSCE).flatten(-2)
     normed = flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + rms_eps)
-    return split_mixes(normed @ f32(fn).t(), base, scale, streams_BSCE.shape[-2], iters, hc_eps)
+    return split_mixes(normed @ f32(fn).t(), base, scale, streams_BSCE.shape[-2], iters, hc_eps,
+                       sinkhorn_fn=sinkhorn_fn)

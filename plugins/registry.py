@@ -28,6 +28,8 @@ from dsflash.plugins.mhc_boundary import splits as mhc_splits
 from dsflash.plugins.mhc_boundary.decl import DECL as MHC_BOUNDARY
 from dsflash.plugins.mhc_boundary.decl import FINISH_DECL as MHC_FINISH
 from dsflash.plugins.mhc_boundary.decl import PARTIALS_DECL as MHC_PARTIALS
+from dsflash.plugins.mhc_boundary.reference import sinkhorn
+from dsflash.plugins.mhc_boundary.sinkhorn_node import register_sinkhorn_op, sinkhorn_node
 from dsflash.plugins.qat_round import reference as qat_reference
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
@@ -110,17 +112,24 @@ class OpSet:
     `entry_form`: which of kv_qat's FP4 compressed entries the attention gets decoded
     (csa2_entries_fp4). "selected": the S*K its rows select (a decode step); "all": every entry
     once (a prefill, where S*K would outgrow N); "auto": the smaller of the two, by shape (export
-    sets the form per graph instead, since a graph's S and N are not known when it is traced)."""
+    sets the form per graph instead, since a graph's S and N are not known when it is traced).
+
+    `sinkhorn_node`: the PyTorch-side Sinkhorns (the reference boundaries, the op-by-op
+    coefficients of model/mhc.py:hc_mixes) as one torch.ops.dsflash_std.sinkhorn node each, which
+    the ONNX export writes out as the same standard ops (mhc_boundary/sinkhorn_node.py: it spares
+    torch.export tracing 6 ops per iteration). Set by the export only; eager and compiled runs keep
+    the ops."""
 
     def __init__(self, backend: str = "reference", use_topk_kernel: bool = True,
                  split_attention: bool = False, split_mhc: bool = False, pool_form: str = "auto",
-                 entry_form: str = "auto"):
+                 entry_form: str = "auto", sinkhorn_node: bool = False):
         self.backend = backend
         self.use_topk_kernel = use_topk_kernel
         self.split_attention = split_attention
         self.split_mhc = split_mhc
         self.pool_form = pool_form
         self.entry_form = entry_form
+        self.sinkhorn_node = sinkhorn_node
 
     entry_form = _choice("entry_form", ENTRY_FORMS, "entry form")
     pool_form = _choice("pool_form", POOL_FORMS, "pool form")
@@ -129,6 +138,22 @@ class OpSet:
     def lists_pool(self) -> bool:
         """Whether Reindex layers score a listed pool (see `pool_form`)."""
         return self.pool_form == "list" or (self.pool_form == "auto" and self._backend == "triton")
+
+    @property
+    def sinkhorn_node(self) -> bool:
+        return self._sinkhorn_node
+
+    @sinkhorn_node.setter
+    def sinkhorn_node(self, value: bool) -> None:
+        if value:
+            register_sinkhorn_op()
+        self._sinkhorn_node = bool(value)
+
+    def sinkhorn(self, logits_BSCC: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+        """reference.sinkhorn, as one node where `sinkhorn_node` says so."""
+        if self._sinkhorn_node:
+            return sinkhorn_node(logits_BSCC, iters, eps)
+        return sinkhorn(logits_BSCC, iters, eps)
 
     @property
     def backend(self) -> str:
@@ -264,10 +289,12 @@ class OpSet:
 
     def mhc_boundary(self, streams, y, post, comb, pre, fn, base, scale, norm_weight, iters,
                      hc_eps, rms_eps):
+        # the references run this OpSet's Sinkhorn; the plugin ops and the kernels hold their own
+        own = {"sinkhorn_fn": self.sinkhorn} if self._backend == "reference" else {}
         if self.split_mhc and self._backend != "triton":
             new, x_raw, mixes, sums = self._call(MHC_PARTIALS, streams, y, post, comb, pre, fn,
                                                  **mhc_splits.export_attrs(streams.shape[3]))
             return (new, *self._call(MHC_FINISH, x_raw, mixes, sums, base, scale, norm_weight,
-                                     iters=int(iters), hc_eps=float(hc_eps), rms_eps=float(rms_eps)))
+                                     iters=int(iters), hc_eps=float(hc_eps), rms_eps=float(rms_eps), **own))
         return self._call(MHC_BOUNDARY, streams, y, post, comb, pre, fn, base, scale, norm_weight,
-                          iters=int(iters), hc_eps=float(hc_eps), rms_eps=float(rms_eps))
+                          iters=int(iters), hc_eps=float(hc_eps), rms_eps=float(rms_eps), **own)

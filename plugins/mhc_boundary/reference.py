@@ -30,13 +30,15 @@ def sinkhorn(logits_BSCC: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
 
 
 def split_mixes(mixes_BSM: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, hc: int,
-                iters: int, hc_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(2+C)*C raw mixes -> (pre [B,S,C], post [B,S,C], comb [B,S,C,C]) in fp32."""
+                iters: int, hc_eps: float, *,
+                sinkhorn_fn=sinkhorn) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(2+C)*C raw mixes -> (pre [B,S,C], post [B,S,C], comb [B,S,C,C]) in fp32. `sinkhorn_fn`:
+    sinkhorn, or while exporting its one-node form (sinkhorn_node.py), the same maths."""
     base, scale = f32(base), f32(scale)
     pre = torch.sigmoid(mixes_BSM[..., :hc] * scale[0] + base[:hc]) + hc_eps
     post = 2.0 * torch.sigmoid(mixes_BSM[..., hc:2 * hc] * scale[1] + base[hc:2 * hc])
     logits = mixes_BSM[..., 2 * hc:] * scale[2] + base[2 * hc:]
-    return pre, post, sinkhorn(logits.unflatten(-1, (hc, hc)), iters, hc_eps)
+    return pre, post, sinkhorn_fn(logits.unflatten(-1, (hc, hc)), iters, hc_eps)
 
 
 def hc_collapse(streams_BSCE: torch.Tensor, pre_BSC: torch.Tensor) -> torch.Tensor:
@@ -51,25 +53,27 @@ def hc_post(streams_BSCE: torch.Tensor, y_BSE: torch.Tensor, post_BSC: torch.Ten
 
 
 def mhc_boundary(streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next, base_next, scale_next,
-                 norm_weight, iters: int, hc_eps: float, rms_eps: float):
-    """-> (new streams, next sublayer input, next pre, next post, next comb)."""
+                 norm_weight, iters: int, hc_eps: float, rms_eps: float, *, sinkhorn_fn=sinkhorn):
+    """-> (new streams, next sublayer input, next pre, next post, next comb). `sinkhorn_fn` as in
+    split_mixes (the kernels have none: they are not exported)."""
     new = hc_post(streams_BSCE, y_BSE, post_BSC, comb_BSCC)
     flat = f32(new).flatten(-2)
     x_raw = hc_collapse(new, pre_BSC)
     x = f32(x_raw)
     sums = torch.stack((flat.pow(2).sum(-1), x.pow(2).sum(-1)), dim=-1)
     return (new, *finish_from_sums(flat @ f32(fn_next).t(), sums, x_raw, base_next, scale_next, norm_weight,
-                                   new.shape[-2], iters, hc_eps, rms_eps))
+                                   new.shape[-2], iters, hc_eps, rms_eps, sinkhorn_fn=sinkhorn_fn))
 
 
 def finish_from_sums(mixes_BSM, sums_BS2, x_raw_BSE, base_next, scale_next, norm_weight, hc: int, iters: int,
-                     hc_eps: float, rms_eps: float):
+                     hc_eps: float, rms_eps: float, *, sinkhorn_fn=sinkhorn):
     """The boundary's finish from its complete sums (the one-node op's, or the split form's added
     up): the mixes scaled by the rms of R, the next coefficients, and RMSNorm of x.
     sums_BS2: (sum R^2 over the C * E values, sum x^2 over E). -> (x, pre, post, comb)."""
     e = x_raw_BSE.shape[-1]
     rstd = torch.rsqrt(sums_BS2[..., :1] / (hc * e) + rms_eps)
-    pre, post, comb = split_mixes(mixes_BSM * rstd, base_next, scale_next, hc, iters, hc_eps)
+    pre, post, comb = split_mixes(mixes_BSM * rstd, base_next, scale_next, hc, iters, hc_eps,
+                                  sinkhorn_fn=sinkhorn_fn)
     x = f32(x_raw_BSE) * torch.rsqrt(sums_BS2[..., 1:] / e + rms_eps) * f32(norm_weight)
     return cast(x, x_raw_BSE.dtype), pre, post, comb
 
@@ -113,11 +117,13 @@ def hc_from_mixes(n_mix: int) -> int:
 
 
 def mhc_boundary_finish(x_raw_BSE, mixes_PBSM, sums_PBS2, base_next, scale_next, norm_weight, iters: int,
-                        hc_eps: float, rms_eps: float):
+                        hc_eps: float, rms_eps: float, *, sinkhorn_fn=sinkhorn):
     """The split form's second half: the splits' partials summed, then what mhc_boundary does with
-    the totals. -> (next sublayer input, next pre, next post, next comb)."""
+    the totals. -> (next sublayer input, next pre, next post, next comb). `sinkhorn_fn` as in
+    split_mixes."""
     return finish_from_sums(f32(mixes_PBSM).sum(0), f32(sums_PBS2).sum(0), x_raw_BSE, base_next, scale_next,
-                            norm_weight, hc_from_mixes(mixes_PBSM.shape[-1]), iters, hc_eps, rms_eps)
+                            norm_weight, hc_from_mixes(mixes_PBSM.shape[-1]), iters, hc_eps, rms_eps,
+                            sinkhorn_fn=sinkhorn_fn)
 
 
 def partials_shape(streams, y, post, comb, pre, fn, block_e, split_target):
