@@ -290,11 +290,12 @@ class OpSet:
     def mhc_boundary(self, streams, y, post, comb, pre, fn, base, scale, norm_weight, iters,
                      hc_eps, rms_eps):
         # the references run this OpSet's Sinkhorn; the plugin ops and the kernels hold their own
-        own = {"sinkhorn_fn": self.sinkhorn} if self._backend == "reference" else {}
+        with_sinkhorn = {"sinkhorn_fn": self.sinkhorn} if self._backend == "reference" else {}
         if self.split_mhc and self._backend != "triton":
             new, x_raw, mixes, sums = self._call(MHC_PARTIALS, streams, y, post, comb, pre, fn,
                                                  **mhc_splits.export_attrs(streams.shape[3]))
             return (new, *self._call(MHC_FINISH, x_raw, mixes, sums, base, scale, norm_weight,
-                                     iters=int(iters), hc_eps=float(hc_eps), rms_eps=float(rms_eps), **own))
+                                     iters=int(iters), hc_eps=float(hc_eps), rms_eps=float(rms_eps),
+                                     **with_sinkhorn))
         return self._call(MHC_BOUNDARY, streams, y, post, comb, pre, fn, base, scale, norm_weight,
-                          iters=int(iters), hc_eps=float(hc_eps), rms_eps=float(rms_eps), **own)
+                          iters=int(iters), hc_eps=float(hc_eps), rms_eps=float(rms_eps), **with_sinkhorn)
