@@ -28,7 +28,7 @@ from dsflash.plugins.mhc_boundary import splits as mhc_splits
 from dsflash.plugins.mhc_boundary.decl import DECL as MHC_BOUNDARY
 from dsflash.plugins.mhc_boundary.decl import FINISH_DECL as MHC_FINISH
 from dsflash.plugins.mhc_boundary.decl import PARTIALS_DECL as MHC_PARTIALS
-from dsflash.plugins.mhc_boundary.reference import sinkhorn
+from dsflash.plugins.mhc_boundary.reference import boundary_with_sinkhorn, finish_with_sinkhorn, sinkhorn
 from dsflash.plugins.mhc_boundary.sinkhorn_node import register_sinkhorn_op, sinkhorn_node
 from dsflash.plugins.qat_round import reference as qat_reference
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
@@ -289,13 +289,18 @@ class OpSet:
 
     def mhc_boundary(self, streams, y, post, comb, pre, fn, base, scale, norm_weight, iters,
                      hc_eps, rms_eps):
-        # the references run this OpSet's Sinkhorn; the plugin ops and the kernels hold their own
-        with_sinkhorn = {"sinkhorn_fn": self.sinkhorn} if self._backend == "reference" else {}
+        attrs = {"iters": int(iters), "hc_eps": float(hc_eps), "rms_eps": float(rms_eps)}
+        # the references run this OpSet's Sinkhorn (one node while exporting); the plugin ops and
+        # the kernels hold their own
+        reference = self._backend == "reference"
         if self.split_mhc and self._backend != "triton":
             new, x_raw, mixes, sums = self._call(MHC_PARTIALS, streams, y, post, comb, pre, fn,
                                                  **mhc_splits.export_attrs(streams.shape[3]))
-            return (new, *self._call(MHC_FINISH, x_raw, mixes, sums, base, scale, norm_weight,
-                                     iters=int(iters), hc_eps=float(hc_eps), rms_eps=float(rms_eps),
-                                     **with_sinkhorn))
-        return self._call(MHC_BOUNDARY, streams, y, post, comb, pre, fn, base, scale, norm_weight,
-                          iters=int(iters), hc_eps=float(hc_eps), rms_eps=float(rms_eps), **with_sinkhorn)
+            if reference:
+                return (new, *finish_with_sinkhorn(self.sinkhorn, x_raw, mixes, sums, base, scale,
+                                                   norm_weight, **attrs))
+            return (new, *self._call(MHC_FINISH, x_raw, mixes, sums, base, scale, norm_weight, **attrs))
+        if reference:
+            return boundary_with_sinkhorn(self.sinkhorn, streams, y, post, comb, pre, fn, base, scale,
+                                          norm_weight, **attrs)
+        return self._call(MHC_BOUNDARY, streams, y, post, comb, pre, fn, base, scale, norm_weight, **attrs)

@@ -53,9 +53,16 @@ def hc_post(streams_BSCE: torch.Tensor, y_BSE: torch.Tensor, post_BSC: torch.Ten
 
 
 def mhc_boundary(streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next, base_next, scale_next,
-                 norm_weight, iters: int, hc_eps: float, rms_eps: float, *, sinkhorn_fn=sinkhorn):
-    """-> (new streams, next sublayer input, next pre, next post, next comb). `sinkhorn_fn` as in
-    split_mixes (the kernels have none: they are not exported)."""
+                 norm_weight, iters: int, hc_eps: float, rms_eps: float):
+    """-> (new streams, next sublayer input, next pre, next post, next comb)."""
+    return boundary_with_sinkhorn(sinkhorn, streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next,
+                                  base_next, scale_next, norm_weight, iters, hc_eps, rms_eps)
+
+
+def boundary_with_sinkhorn(sinkhorn_fn, streams_BSCE, y_BSE, post_BSC, comb_BSCC, pre_BSC, fn_next, base_next,
+                           scale_next, norm_weight, iters: int, hc_eps: float, rms_eps: float):
+    """mhc_boundary with another Sinkhorn of the same maths (OpSet.sinkhorn: one node while
+    exporting, sinkhorn_node.py); the kernels' signature stays the reference's."""
     new = hc_post(streams_BSCE, y_BSE, post_BSC, comb_BSCC)
     flat = f32(new).flatten(-2)
     x_raw = hc_collapse(new, pre_BSC)
@@ -117,10 +124,16 @@ def hc_from_mixes(n_mix: int) -> int:
 
 
 def mhc_boundary_finish(x_raw_BSE, mixes_PBSM, sums_PBS2, base_next, scale_next, norm_weight, iters: int,
-                        hc_eps: float, rms_eps: float, *, sinkhorn_fn=sinkhorn):
+                        hc_eps: float, rms_eps: float):
     """The split form's second half: the splits' partials summed, then what mhc_boundary does with
-    the totals. -> (next sublayer input, next pre, next post, next comb). `sinkhorn_fn` as in
-    split_mixes."""
+    the totals. -> (next sublayer input, next pre, next post, next comb)."""
+    return finish_with_sinkhorn(sinkhorn, x_raw_BSE, mixes_PBSM, sums_PBS2, base_next, scale_next,
+                                norm_weight, iters, hc_eps, rms_eps)
+
+
+def finish_with_sinkhorn(sinkhorn_fn, x_raw_BSE, mixes_PBSM, sums_PBS2, base_next, scale_next, norm_weight,
+                         iters: int, hc_eps: float, rms_eps: float):
+    """mhc_boundary_finish with another Sinkhorn of the same maths, as boundary_with_sinkhorn."""
     return finish_from_sums(f32(mixes_PBSM).sum(0), f32(sums_PBS2).sum(0), x_raw_BSE, base_next, scale_next,
                             norm_weight, hc_from_mixes(mixes_PBSM.shape[-1]), iters, hc_eps, rms_eps,
                             sinkhorn_fn=sinkhorn_fn)
