@@ -56,8 +56,10 @@ def _sort_stable(self, stable=None, dim: int = -1, descending: bool = False):
 
 def translation_table(flavor: str) -> dict:
     from dsflash.plugins.mhc_boundary.sinkhorn_node import sinkhorn_translation_table
+    from dsflash.plugins.qat_round.node import qat_translation_table
 
-    table = {torch.ops.aten.sort.stable: _sort_stable} | sinkhorn_translation_table()
+    table = {torch.ops.aten.sort.stable: _sort_stable}
+    table |= sinkhorn_translation_table() | qat_translation_table()
     if flavor == "plugin":
         from dsflash.plugins.onnx_translation import plugin_translation_table
 
@@ -118,11 +120,15 @@ def _export_program(model: DSFlashModel, graph: str, flavor: str, options: Expor
             custom_translation_table=translation_table(flavor), verbose=False)
 
 
+# the OpSet settings graph_forms sets for a trace (and restores)
+TRACE_FORMS = ("backend", "split_attention", "split_mhc", "entry_form", "sinkhorn_node", "qat_node")
+
+
 @contextmanager
 def graph_forms(ops: OpSet, graph: str, flavor: str, options: ExportOptions = ExportOptions()):
     """The model's OpSet set up to trace `graph` in `flavor`, restored afterwards (also on an
     error): the plugin flavor runs the custom ops, the portable one the references."""
-    previous = ops.backend, ops.split_attention, ops.split_mhc, ops.entry_form, ops.sinkhorn_node
+    previous = {name: getattr(ops, name) for name in TRACE_FORMS}
     ops.backend = "custom_op" if flavor == "plugin" else "reference"
     # decoder_step runs decode steps (one row per sequence): its attention and mHC nodes take the
     # split forms, whose key / channel splits a TensorRT plugin cannot do inside one node
@@ -134,10 +140,13 @@ def graph_forms(ops: OpSet, graph: str, flavor: str, options: ExportOptions = Ex
     ops.entry_form = "selected" if graph == "decoder_step" else "all"
     # each Sinkhorn traced as one node, written out as its ops (mhc_boundary/sinkhorn_node.py)
     ops.sinkhorn_node = True
+    # and each kv_qat round-trip (qat_round/node.py)
+    ops.qat_node = True
     try:
         yield ops
     finally:
-        ops.backend, ops.split_attention, ops.split_mhc, ops.entry_form, ops.sinkhorn_node = previous
+        for name, value in previous.items():
+            setattr(ops, name, value)
 
 
 def _strip_module_prefix(proto) -> None:

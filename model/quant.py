@@ -11,8 +11,10 @@ values are the same.
 Every rounding is a round-half-to-even at the value's step in its float format (e4m3, e2m1), from
 exact exponents and powers of two (floor_log2, plugins/dtypes.py:exact_pow2): frexp and bit
 patterns eagerly; while exporting, operations that standard ONNX has (it has no frexp, bitcast,
-bucketize or Log2), which run in ONNX Runtime bit for bit as the eager ones (kv_qat models
-export like any other). No eager step builds a constant tensor, so the round-trips run inside
+bucketize or Log2), which run in ONNX Runtime bit for bit as the eager ones. The model's export
+takes each round-trip as one node instead (OpSet.qat_node, plugins/qat_round/node.py), written
+out as the same exact maths in ONNX ops (onnx_form.py), which spares torch.export tracing these
+forms op by op. No eager step builds a constant tensor, so the round-trips run inside
 CUDA-graph capture. tests/test_quant.py checks each against torch's frexp and float8 cast.
 """
 

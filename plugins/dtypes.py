@@ -40,11 +40,11 @@ def exact_pow2(e: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     # one Gather from the exact powers (an initializer of hi - lo + 1 values): a product per set
     # bit of e - lo (the form before, 7 nodes per bit) made a tiny kv_qat decode step 19K nodes
     # (embedding: a plain Gather on axis 0; indexing exports as GatherND with transposes)
-    table = torch.tensor([[_fp32_pow2(i)] for i in range(lo, hi + 1)], dtype=torch.float32, device=e.device)
+    table = torch.tensor([[fp32_pow2(i)] for i in range(lo, hi + 1)], dtype=torch.float32, device=e.device)
     return torch.nn.functional.embedding((e.long() - lo).clamp(0, hi - lo), table).squeeze(-1)
 
 
-def _fp32_pow2(exponent: int) -> float:
+def fp32_pow2(exponent: int) -> float:
     """2^exponent as fp32 holds it: inf from 128 (Python's float holds 2^128; its fp32 cast is
     inf by the rounding rule, made explicit here)."""
     return 2.0**exponent if exponent < 128 else float("inf")

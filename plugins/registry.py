@@ -31,6 +31,7 @@ from dsflash.plugins.mhc_boundary.decl import PARTIALS_DECL as MHC_PARTIALS
 from dsflash.plugins.mhc_boundary.reference import boundary_with_sinkhorn, finish_with_sinkhorn, sinkhorn
 from dsflash.plugins.mhc_boundary.sinkhorn_node import register_sinkhorn_op, sinkhorn_node
 from dsflash.plugins.qat_round import reference as qat_reference
+from dsflash.plugins.qat_round.node import qat_node, register_qat_ops
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
 
 DECLS: tuple[OpDecl, ...] = (ENGRAM_HASH_GATHER, INDEX_SCORE, SPARSE_ATTENTION, MHC_BOUNDARY,
@@ -117,12 +118,13 @@ class OpSet:
     `sinkhorn_node`: the PyTorch-side Sinkhorns (the reference boundaries, the op-by-op
     coefficients of model/mhc.py:hc_mixes) as one torch.ops.dsflash_std.sinkhorn node each, which
     the ONNX export writes out as the same standard ops (mhc_boundary/sinkhorn_node.py: it spares
-    torch.export tracing 6 ops per iteration). Set by the export only; eager and compiled runs keep
-    the ops."""
+    torch.export tracing 6 ops per iteration). `qat_node` likewise makes each kv_qat round-trip
+    (`qat`) one torch.ops.dsflash_std node (qat_round/node.py). Both are set by the export only;
+    eager and compiled runs keep the ops."""
 
     def __init__(self, backend: str = "reference", use_topk_kernel: bool = True,
                  split_attention: bool = False, split_mhc: bool = False, pool_form: str = "auto",
-                 entry_form: str = "auto", sinkhorn_node: bool = False):
+                 entry_form: str = "auto", sinkhorn_node: bool = False, qat_node: bool = False):
         self.backend = backend
         self.use_topk_kernel = use_topk_kernel
         self.split_attention = split_attention
@@ -130,6 +132,7 @@ class OpSet:
         self.pool_form = pool_form
         self.entry_form = entry_form
         self.sinkhorn_node = sinkhorn_node
+        self.qat_node = qat_node
 
     entry_form = _choice("entry_form", ENTRY_FORMS, "entry form")
     pool_form = _choice("pool_form", POOL_FORMS, "pool form")
@@ -148,6 +151,16 @@ class OpSet:
         if value:
             register_sinkhorn_op()
         self._sinkhorn_node = bool(value)
+
+    @property
+    def qat_node(self) -> bool:
+        return self._qat_node
+
+    @qat_node.setter
+    def qat_node(self, value: bool) -> None:
+        if value:
+            register_qat_ops()
+        self._qat_node = bool(value)
 
     def sinkhorn(self, logits_BSCC: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
         """reference.sinkhorn, as one node where `sinkhorn_node` says so."""
@@ -273,8 +286,10 @@ class OpSet:
         """A kv_qat round-trip of model/quant.py by name (fp8_e4m3_qat, fp4_pow2_qat, fp4_pow2_pack,
         fp4_e4m3scale_pack): one Triton launch each on the eager Triton backend (plugins/qat_round,
         bit for bit the same), the reference's ops elsewhere: the graphs keep standard ops, and a
-        compiled trace keeps them for inductor to fuse."""
+        compiled trace keeps them for inductor to fuse; one node each where `qat_node` says so."""
         require_qat(name)
+        if self._qat_node:
+            return qat_node(name, x)
         return self._launcher_or(name, getattr(qat_reference, name), x, traced_reference=True)
 
     def stable_topk(self, scores, k: int):

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dsflash.export.onnx_export import ExportOptions, graph_forms
+from dsflash.export.onnx_export import TRACE_FORMS, ExportOptions, graph_forms
 from dsflash.plugins.mhc_boundary.reference import sinkhorn
 from dsflash.plugins.mhc_boundary.sinkhorn_node import sinkhorn_translation_table
 from dsflash.plugins.registry import OpSet
@@ -100,16 +100,16 @@ def test_a_model_run_with_the_node_takes_it_at_every_site(tiny_model, gen):
 @pytest.mark.parametrize("graph,flavor", [("decoder_step", "plugin"), ("encoder_prefill", "portable")])
 def test_graph_forms_set_the_export_forms_and_restore_them(graph, flavor):
     ops = OpSet("reference", pool_form="list", entry_form="auto")
-    before = (ops.backend, ops.split_attention, ops.split_mhc, ops.entry_form, ops.sinkhorn_node)
+    before = {name: getattr(ops, name) for name in TRACE_FORMS}
     with graph_forms(ops, graph, flavor, ExportOptions(decode_attention="single")):
-        assert ops.sinkhorn_node
+        assert ops.sinkhorn_node and ops.qat_node
         assert ops.backend == ("custom_op" if flavor == "plugin" else "reference")
         assert ops.split_mhc == (graph == "decoder_step" and flavor == "plugin")
         assert not ops.split_attention  # "single" keeps one attention node
         assert ops.entry_form == ("selected" if graph == "decoder_step" else "all")
-    assert (ops.backend, ops.split_attention, ops.split_mhc, ops.entry_form, ops.sinkhorn_node) == before
+    assert {name: getattr(ops, name) for name in TRACE_FORMS} == before
     with pytest.raises(RuntimeError, match="inside"), graph_forms(ops, graph, flavor):
         assert ops.split_attention == (graph == "decoder_step" and flavor == "plugin")
         raise RuntimeError("inside")
-    assert (ops.backend, ops.split_attention, ops.split_mhc, ops.entry_form, ops.sinkhorn_node) == before
+    assert {name: getattr(ops, name) for name in TRACE_FORMS} == before
 

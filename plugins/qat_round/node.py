@@ -1,0 +1,73 @@
+"""The kv_qat round-trips as one traced node each while exporting, written out as standard ONNX ops.
+
+Why: torch.export traces each round-trip's export form op by op (model/quant.py: a log2 guess
+settled by exact powers, powers gathered from tables, rounding at the value's step; ~90 ops for
+one FP8 round-trip) and traces them again to decompose them. In the tiny kv_qat model's portable
+decoder_step they were most of its traced ops (docs/benchmarks.md, session 45). As one
+`torch.ops.dsflash_std.<name>` node the trace skips them, and the ONNX translation
+(onnx_form.py) emits the same exact maths, so the graphs compute what they did, bit for bit on
+ONNX Runtime (tests/test_qat_node.py).
+
+Each node takes the fp32 input (blocks of the reference's default size along the last axis) and
+gives the reference's results in fp32 (values) or its packed dtypes; OpSet.qat casts the values
+back to the input's dtype, as the reference does. The model takes this form only where the export
+asks for it (OpSet.qat_node); eager and compiled runs keep the Triton launch or the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsflash.plugins.dtypes import cast, f32
+from dsflash.plugins.qat_round import onnx_form, reference
+
+NAMESPACE = "dsflash_std"
+
+
+def _values_fake(x):
+    return torch.empty_like(x, dtype=torch.float32)
+
+
+def _packed_fake(scale_dtype: torch.dtype, block: int):
+    def fake(x):
+        *lead, d = x.shape
+        return (x.new_empty((*lead, d // 2), dtype=torch.uint8),
+                x.new_empty((*lead, d // block), dtype=scale_dtype))
+    return fake
+
+
+# name -> (schema's outputs, fake, ONNX translation); the names are OpSet.qat's (QAT_ROUND_TRIPS)
+NODES = {
+    "fp8_e4m3_qat": ("Tensor", _values_fake, onnx_form.fp8_e4m3_qat_onnx),
+    "fp4_pow2_qat": ("Tensor", _values_fake, onnx_form.fp4_pow2_qat_onnx),
+    "fp4_pow2_pack": ("(Tensor, Tensor)", _packed_fake(torch.int8, 32), onnx_form.fp4_pow2_pack_onnx),
+    "fp4_e4m3scale_pack": ("(Tensor, Tensor)", _packed_fake(torch.uint8, 16),
+                           onnx_form.fp4_e4m3scale_pack_onnx),
+}
+
+
+def register_qat_ops() -> None:
+    """Define torch.ops.dsflash_std.<round-trip> (once per process): the reference as its
+    implementation."""
+    from dsflash.plugins.torch_ops import is_registered
+
+    for name, (outputs, fake, _) in NODES.items():
+        if is_registered(NAMESPACE, name):
+            continue
+        qualname = f"{NAMESPACE}::{name}"
+        torch.library.define(qualname, f"(Tensor x) -> {outputs}")
+        torch.library.impl(qualname, "CompositeExplicitAutograd")(getattr(reference, name))
+        torch.library.register_fake(qualname)(fake)
+
+
+def qat_node(name: str, x: torch.Tensor):
+    """reference.<name>(x) as one op (register_qat_ops first): values in x's dtype, packs as the
+    reference packs them."""
+    out = getattr(torch.ops.dsflash_std, name)(f32(x))
+    return out if isinstance(out, tuple) else cast(out, x.dtype)
+
+
+def qat_translation_table() -> dict:
+    """The ops' entries for torch.onnx.export's custom_translation_table (both flavors)."""
+    register_qat_ops()
+    return {getattr(torch.ops.dsflash_std, name).default: onnx for name, (_, _, onnx) in NODES.items()}
