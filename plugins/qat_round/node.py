@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from dsflash.plugins.dtypes import cast, f32
-from dsflash.plugins.qat_round import onnx_form, reference
+from dsflash.plugins.qat_round import reference
 
 NAMESPACE = "dsflash_std"
 
@@ -36,13 +36,13 @@ def _packed_fake(scale_dtype: torch.dtype, block: int):
     return fake
 
 
-# name -> (schema's outputs, fake, ONNX translation); the names are OpSet.qat's (QAT_ROUND_TRIPS)
+# name -> (schema's outputs, fake); the names are OpSet.qat's (QAT_ROUND_TRIPS), the ONNX
+# translations onnx_form.<name>_onnx (imported only when exporting: the model imports no onnx)
 NODES = {
-    "fp8_e4m3_qat": ("Tensor", _values_fake, onnx_form.fp8_e4m3_qat_onnx),
-    "fp4_pow2_qat": ("Tensor", _values_fake, onnx_form.fp4_pow2_qat_onnx),
-    "fp4_pow2_pack": ("(Tensor, Tensor)", _packed_fake(torch.int8, 32), onnx_form.fp4_pow2_pack_onnx),
-    "fp4_e4m3scale_pack": ("(Tensor, Tensor)", _packed_fake(torch.uint8, 16),
-                           onnx_form.fp4_e4m3scale_pack_onnx),
+    "fp8_e4m3_qat": ("Tensor", _values_fake),
+    "fp4_pow2_qat": ("Tensor", _values_fake),
+    "fp4_pow2_pack": ("(Tensor, Tensor)", _packed_fake(torch.int8, 32)),
+    "fp4_e4m3scale_pack": ("(Tensor, Tensor)", _packed_fake(torch.uint8, 16)),
 }
 
 
@@ -51,7 +51,7 @@ def register_qat_ops() -> None:
     implementation."""
     from dsflash.plugins.torch_ops import is_registered
 
-    for name, (outputs, fake, _) in NODES.items():
+    for name, (outputs, fake) in NODES.items():
         if is_registered(NAMESPACE, name):
             continue
         qualname = f"{NAMESPACE}::{name}"
@@ -69,5 +69,8 @@ def qat_node(name: str, x: torch.Tensor):
 
 def qat_translation_table() -> dict:
     """The ops' entries for torch.onnx.export's custom_translation_table (both flavors)."""
+    from dsflash.plugins.qat_round import onnx_form
+
     register_qat_ops()
-    return {getattr(torch.ops.dsflash_std, name).default: onnx for name, (_, _, onnx) in NODES.items()}
+    ops = torch.ops.dsflash_std
+    return {getattr(ops, name).default: getattr(onnx_form, f"{name}_onnx") for name in NODES}
