@@ -18,12 +18,15 @@ import math
 
 from onnx import TensorProto
 
+from dsflash.model.quant import (
+    E4M3_MANTISSA_BITS,
+    E4M3_MAX,
+    E4M3_MAX_EXP,
+    E4M3_MIN_EXP,
+    F32_MAX_EXP,
+    F32_MIN_EXP,
+)
 from dsflash.plugins.dtypes import fp32_pow2
-
-# fp32's normal exponents (the power-of-two scales) and e4m3's (3 mantissa bits, subnormal
-# steps of 2^-9 below 2^-6, largest 448): model/quant.py's constants
-F32_MIN_EXP, F32_MAX_EXP = -126, 127
-E4M3_MIN_EXP, E4M3_MAX_EXP, E4M3_MANTISSA_BITS, E4M3_MAX = -6, 8, 3, 448.0
 
 
 def _op():
