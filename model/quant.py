@@ -37,9 +37,24 @@ F32_MIN_EXP, F32_MAX_EXP = -126, 127
 E2M1_MIDS = tuple((a + b) / 2 for a, b in pairwise(E2M1_GRID))
 
 
-def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+def check_block(x: torch.Tensor, block: int) -> None:
+    """A ValueError naming the last dim and the block unless the block divides it."""
     if x.shape[-1] % block:
         raise ValueError(f"last dim {x.shape[-1]} is not a multiple of the quantisation block {block}")
+
+
+def packed_storage(x: torch.Tensor, block: int,
+                   side_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty outputs of a pack of x (fp4_pow2_pack, fp4_e4m3scale_pack): codes [..., D/2] uint8 and
+    one side value per block [..., D/block] in side_dtype (the Triton launches and the export's
+    one-node form allocate these)."""
+    check_block(x, block)
+    *lead, d = x.shape
+    return (x.new_empty((*lead, d // 2), dtype=torch.uint8), x.new_empty((*lead, d // block), dtype=side_dtype))
+
+
+def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+    check_block(x, block)
     return f32(x).unflatten(-1, (x.shape[-1] // block, block))
 
 

@@ -96,6 +96,20 @@ def _choice(name: str, forms: tuple[str, ...], what: str) -> property:
     return property(get, put)
 
 
+def _node_switch(name: str, register) -> property:
+    """An OpSet switch to a one-node export form: its torch ops are registered (`register`) when
+    it is switched on."""
+    def get(self) -> bool:
+        return getattr(self, f"_{name}")
+
+    def put(self, value: bool) -> None:
+        if value:
+            register()
+        setattr(self, f"_{name}", bool(value))
+
+    return property(get, put)
+
+
 class OpSet:
     """`split_attention`: the reference and custom_op backends run Csa2SparseAttention as its split
     form (Csa2SparseAttentionSplit + Csa2AttentionCombine, tuned for an H200: splits.py), which is
@@ -136,31 +150,13 @@ class OpSet:
 
     entry_form = _choice("entry_form", ENTRY_FORMS, "entry form")
     pool_form = _choice("pool_form", POOL_FORMS, "pool form")
+    sinkhorn_node = _node_switch("sinkhorn_node", register_sinkhorn_op)
+    qat_node = _node_switch("qat_node", register_qat_ops)
 
     @property
     def lists_pool(self) -> bool:
         """Whether Reindex layers score a listed pool (see `pool_form`)."""
         return self.pool_form == "list" or (self.pool_form == "auto" and self._backend == "triton")
-
-    @property
-    def sinkhorn_node(self) -> bool:
-        return self._sinkhorn_node
-
-    @sinkhorn_node.setter
-    def sinkhorn_node(self, value: bool) -> None:
-        if value:
-            register_sinkhorn_op()
-        self._sinkhorn_node = bool(value)
-
-    @property
-    def qat_node(self) -> bool:
-        return self._qat_node
-
-    @qat_node.setter
-    def qat_node(self, value: bool) -> None:
-        if value:
-            register_qat_ops()
-        self._qat_node = bool(value)
 
     def sinkhorn(self, logits_BSCC: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
         """reference.sinkhorn, as one node where `sinkhorn_node` says so."""

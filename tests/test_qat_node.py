@@ -92,3 +92,12 @@ def test_the_log2_guess_is_settled_one_off_either_way():
         guess = (want + off).clamp(-126, 127).numpy()
         got = onnx_form.settle_log2(v.numpy(), guess.astype(np.float32), -126, 127)
         assert torch.equal(torch.from_numpy(np.asarray(got.value)), want), off
+
+
+@pytest.mark.parametrize("name", QAT_ROUND_TRIPS)
+def test_a_last_dim_off_the_block_is_refused_while_tracing(name):
+    """The trace sees only the node's fake: it refuses what the reference refuses, naming the
+    dim and the block, instead of an ONNX Reshape failing at run time."""
+    site = QatSite(OpSet("reference", qat_node=True), name)
+    with pytest.raises(ValueError, match=r"last dim 40 is not a multiple of the quantisation block (32|16)"):
+        torch.export.export(site, (torch.randn(3, 40),))

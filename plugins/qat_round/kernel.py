@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dsflash.model.quant import packed_storage
 from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.csa2_index_score.kernel import exact_pow2
 from dsflash.plugins.launch import check_device, check_dtype, require
@@ -121,9 +122,7 @@ def _launch(x: torch.Tensor, block: int, mode: int, pack: bool):
     x = x.contiguous()
     nb = x.numel() // block
     if pack:
-        out = torch.empty(*x.shape[:-1], x.shape[-1] // 2, dtype=torch.uint8, device=x.device)
-        side_dtype = torch.int8 if mode == FP4_POW2 else torch.uint8
-        side = torch.empty(*x.shape[:-1], x.shape[-1] // block, dtype=side_dtype, device=x.device)
+        out, side = packed_storage(x, block, torch.int8 if mode == FP4_POW2 else torch.uint8)
     else:
         out, side = torch.empty_like(x), x
     if nb:

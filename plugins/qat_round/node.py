@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from dsflash.model.quant import check_block, packed_storage
 from dsflash.plugins.dtypes import cast, f32
 from dsflash.plugins.qat_round import reference
 
@@ -25,15 +26,12 @@ NAMESPACE = "dsflash_std"
 
 
 def _values_fake(x):
+    check_block(x, 32)
     return torch.empty_like(x, dtype=torch.float32)
 
 
-def _packed_fake(scale_dtype: torch.dtype, block: int):
-    def fake(x):
-        *lead, d = x.shape
-        return (x.new_empty((*lead, d // 2), dtype=torch.uint8),
-                x.new_empty((*lead, d // block), dtype=scale_dtype))
-    return fake
+def _packed_fake(side_dtype: torch.dtype, block: int):
+    return lambda x: packed_storage(x, block, side_dtype)
 
 
 # name -> (schema's outputs, fake); the names are OpSet.qat's (QAT_ROUND_TRIPS), the ONNX
