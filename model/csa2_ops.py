@@ -90,13 +90,17 @@ def pool_entry_list(member_BSN: torch.Tensor, size: int) -> torch.Tensor:
     `size` = topk_blocks x block bounds the members: visible entries have distinct groups (group
     g sits at id g in the cache, a new row's group is past the cached ones), and only that many
     groups are in the kept blocks. Members past `size` would be dropped.
+
+    Returned contiguous: every Reindex layer of the pool reads the list (its index kernel and its
+    picks), and a view of the size + 1 columns would be copied by each of those launches (two
+    4 MB copies a layer at 32 rows of a 16K pool, 5.7 us on an H100: docs/benchmarks.md, session 46).
     """
     b, s, n = member_BSN.shape
     rank = member_BSN.cumsum(-1, dtype=torch.int32) - 1
     slot = torch.where(member_BSN & (rank < size), rank, torch.full_like(rank, size))
     ids = torch.arange(n, dtype=torch.int32, device=member_BSN.device).expand(b, s, n)
     out = torch.full((b, s, size + 1), -1, dtype=torch.int32, device=member_BSN.device)
-    return out.scatter_(2, slot.long(), ids)[..., :size]
+    return out.scatter_(2, slot.long(), ids)[..., :size].contiguous()
 
 
 def select_listed_topk(scores_BSP: torch.Tensor, entries_BSP: torch.Tensor, k: int, n: int,

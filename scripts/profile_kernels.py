@@ -19,8 +19,12 @@ import logging
 import bench_kernels as bench
 import torch
 
+from dsflash.model.csa2_ops import select_listed_topk
 from dsflash.model.quant import fp4_pow2_pack
 from dsflash.plugins.csa2_index_score import kernel as index_kernel
+from dsflash.plugins.csa2_index_score.pool_list import listed_picks
+from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
+from dsflash.plugins.csa2_index_score.pooled_fp4 import csa2_index_score_fp4_pooled
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
 from dsflash.plugins.mhc_boundary import kernel as mhc_kernel
 from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
@@ -76,6 +80,60 @@ def attention(n: int, gen, rows: int = 1):
     return lambda: launcher(q, kv, idx, win, wmask, sink, bench.HEAD_DIM ** -0.5)
 
 
+def listed_layer(rows: int, gen, fp4: bool = True):
+    """bench_layer_batch.py's listed Reindex layer (index over the listed pool, top-k, the picks
+    mapped to entry ids, attention) at `rows` rows of 128K entries, FP4 index keys on kv_qat
+    queries or bf16 keys."""
+    import bench_layer_batch as layers
+
+    cuda = torch.Generator(device="cuda").manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    x = layers.layer_inputs(rows, 131072, cuda)
+    attn, topk = attn_kernel.SparseAttentionLauncher(), StableTopkLauncher()
+
+    def index():
+        if fp4:
+            return csa2_index_score_fp4_pooled(x["iq_qat"], x["iw"], x["codes"], x["exps"], x["list"])
+        return csa2_index_score_pooled(x["iq"], x["iw"], x["ik"], x["list"])
+
+    def layer():
+        sel = select_listed_topk(index(), x["list"], bench.TOPK, 131072, topk=topk, picks=listed_picks)
+        return attn(x["q"], x["kv"], sel, x["win"], x["wmask"], x["sink"], bench.HEAD_DIM ** -0.5)
+
+    return layer
+
+
+def timeline(fn, replays: int = 5) -> list[tuple[str, float, float]]:
+    """(kernel, start us, duration us) of the middle one of `replays` back-to-back replays of fn
+    captured as one CUDA graph, starts from that replay's first kernel."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA)
+    per = len(kernels) // replays
+    if per == 0 or per * replays != len(kernels):
+        raise RuntimeError(f"the profile holds {len(kernels)} kernels for {replays} replays")
+    mine = kernels[per * (replays // 2):per * (replays // 2 + 1)]
+    t0 = mine[0][0]
+    return [(name, start - t0, end - start) for start, end, name in mine]
+
+
+def log_timeline(rows: list[tuple[str, float, float]]) -> None:
+    end = 0.0
+    busy = 0.0
+    for name, start, dur in rows:
+        log.info("%8.2f us  %7.2f us  gap %5.2f us  %s", start, dur, start - end if end else 0.0, name[:70])
+        end, busy = start + dur, busy + dur
+    log.info("replay %.2f us: kernels %.2f us, gaps %.2f us, %d kernels", end, busy, end - busy, len(rows))
+
+
 CASES = {"mhc8192": lambda g: mhc(8192, g), "mhc1": lambda g: mhc(1, g),
          "mhc8192_split4": lambda g: mhc(8192, g, n_split=4),
          "topk131072": lambda g: topk(131072, g),
@@ -85,7 +143,9 @@ CASES = {"mhc8192": lambda g: mhc(8192, g), "mhc1": lambda g: mhc(1, g),
          "index_fp4_131072_b64": lambda g: index_fp4(131072, g, batch=64),
          "index131072": lambda g: index_bf16(131072, g),
          "attn_decode": lambda g: attention(65536, g),
-         "attn131072_b64": lambda g: attention(131072, g, rows=64)}
+         "attn131072_b64": lambda g: attention(131072, g, rows=64),
+         **{f"layer_listed_fp4_b{r}": (lambda g, r=r: listed_layer(r, g)) for r in (1, 16, 32, 64, 128)},
+         **{f"layer_listed_b{r}": (lambda g, r=r: listed_layer(r, g, fp4=False)) for r in (32, 64)}}
 
 
 def main() -> None:
@@ -94,17 +154,22 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--kernel-times", action="store_true",
                     help="print each kernel's mean time (torch.profiler)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="print one CUDA-graph replay's kernels with their starts and gaps (torch.profiler)")
     args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     fn = CASES[args.case](torch.Generator().manual_seed(0))
     fn()  # compile and allocate outside the profile
     torch.cuda.synchronize()
+    if args.timeline:
+        log_timeline(timeline(fn))
+        return
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if args.kernel_times \
             else contextlib.nullcontext() as prof:
         for _ in range(args.repeat):
             fn()
         torch.cuda.synchronize()
     if args.kernel_times:
-        logging.basicConfig(level=logging.INFO, format="%(message)s")
         for e in prof.key_averages():
             if e.device_type == torch.autograd.DeviceType.CUDA:
                 log.info("%-40s %6d calls %9.1f us each", e.key[:40], e.count, e.device_time_total / e.count)

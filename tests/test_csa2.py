@@ -157,6 +157,7 @@ def test_pool_entry_list_is_the_mask_in_index_order():
                            [[False] * 8]])
     got = ops.pool_entry_list(member, 5)
     assert got.dtype == torch.int32
+    assert got.is_contiguous()  # each Reindex layer's launches read it as it is, with no copy
     assert got.tolist() == [[[1, 2, 4, 7, -1]], [[-1] * 5]]
 
 

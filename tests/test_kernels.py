@@ -854,13 +854,14 @@ def _assert_topk_workspaces_cleared(launcher):
                                             (2, 5, 8, None), (1, 3000, 100, 256), (2, 700, 1, 128),
                                             (1, 64, 64, 16)])
 @pytest.mark.parametrize("digits", [None, (11, 11, 10), (5, 9, 7, 11)])
-@pytest.mark.parametrize("form", ["radix", "prefilter"])
+@pytest.mark.parametrize("form", ["radix", "prefilter", "prefilter-each"])
 def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk, digits, form):
     """Same indices and values as the stable sort, bit for bit: ties (ReLU zeros, rounded
     values) to the lower index across chunks, -inf / +inf, k > N, k = 1, k = N, several chunks,
     twice on one launcher (its histograms and counters must clear), for the default digit
     schedule and two others (fewer, wider passes; uneven widths), in both forms (the block-max
-    form falls back to the radix one where a row has fewer than k blocks)."""
+    form falls back to the radix one where a row has fewer than k blocks), the block-max form's
+    passes over the maxima in one launch (its default here) and in a launch each."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
@@ -868,6 +869,8 @@ def test_stable_topk_kernel_is_exact(gen, rows, n, k, chunk, digits, form):
     scores[0, ::7] = float("-inf")
     scores[-1, 3] = float("inf")
     over = ({"CHUNK": chunk} if chunk else {}) | ({"DIGITS": digits} if digits else {}) | {"FORM": form}
+    if form == "prefilter-each":
+        over |= {"FORM": "prefilter", "PASS_LAUNCH": "each"}
     launcher = topk_kernel.StableTopkLauncher(overrides=over)
     want_v, want_i = topk_ref.stable_topk(scores, k)
     for _ in range(2):
@@ -892,18 +895,20 @@ def _block_max_cases(gen) -> dict:
 
 @pytest.mark.parametrize("case", ["ascending", "sparse ties", "equal run", "all equal", "all -inf"])
 @pytest.mark.parametrize("block", [2, 8, 32])
-def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block):
+@pytest.mark.parametrize("pass_launch", ["fused", "each"])
+def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block, pass_launch):
     """The block-max form against the stable sort, bit for bit, where it works hardest: the k best
     in the last blocks (the most entries above the k-th block maximum, (k - 1) x BLOCK, several
     strides of the rank programs), ties of the k-th best spread over chunks (written after the
     entries above it, in index order), a run of equal best scores, all equal, all -inf; one
-    launcher for all of them, so a stale count or histogram would show."""
+    launcher for all of them, so a stale count or histogram would show; the digit passes over the
+    maxima in one program per row and in a launch each."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
     scores, k = _block_max_cases(gen)[case]
     launcher = topk_kernel.StableTopkLauncher(overrides={"FORM": "prefilter", "BLOCK": block, "CHUNK": 256,
-                                                         "RANK_BLOCK": 2})
+                                                         "RANK_BLOCK": 2, "PASS_LAUNCH": pass_launch})
     assert launcher._form(scores.shape[-1], k, block, scores.shape[0]) == ("prefilter", block)
     want_v, want_i = topk_ref.stable_topk(scores, k)
     for _ in range(2):
@@ -1003,8 +1008,8 @@ def test_stable_topk_picks_its_form_by_blocks():
     or many); a listed pool of 16K (1,024 blocks of 16, 2,048 of 8) takes the radix form on fewer
     than SMALL_BLOCK_ROWS rows and the block-max form over blocks of 8 from there, unless BLOCK is
     set; a forced form it cannot serve (fewer than k blocks) falls back to the radix form; a bad
-    FORM, BLOCK, CHUNK, COLLECT, LIVE_BLOCKS, RANK_BLOCK, CMP_BLOCK, BM_CHUNK or TIES is refused
-    before any launch, naming it."""
+    FORM, BLOCK, CHUNK, COLLECT, LIVE_BLOCKS, RANK_BLOCK, CMP_BLOCK, BM_CHUNK, TIES or PASS_LAUNCH is
+    refused before any launch, naming it."""
     from dsflash.plugins.stable_topk.kernel import PREFILTER_BLOCK, SMALL_BLOCK_ROWS, StableTopkLauncher
 
     auto, forced = StableTopkLauncher(), StableTopkLauncher(overrides={"FORM": "prefilter"})
@@ -1035,6 +1040,24 @@ def test_stable_topk_picks_its_form_by_blocks():
         StableTopkLauncher(overrides={"BM_CHUNK": 24, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="TIES must be 'chunk' or 'rank', got 'all'"):
         StableTopkLauncher(overrides={"TIES": "all", "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
+    with pytest.raises(ValueError, match="PASS_LAUNCH must be 'fused' or 'each', got 'one'"):
+        StableTopkLauncher(overrides={"PASS_LAUNCH": "one", "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
+
+
+def test_stable_topk_fuses_the_passes_over_a_listed_pools_maxima():
+    """The digit passes after the first run in one program per row up to FUSED_PASS_BLOCKS maxima
+    (a listed pool's 2,048 blocks of 8), a launch each above (a Full layer's 8,192 blocks of 16 at
+    128K) and for schedules past 8 digits, whose widths do not pack; an override wins."""
+    from dsflash.plugins.stable_topk.kernel import FUSED_PASS_BLOCKS, StableTopkLauncher, digit_passes
+
+    auto = StableTopkLauncher()
+    default = digit_passes((8, 8, 8, 8))
+    assert FUSED_PASS_BLOCKS == 2048 == 16384 // 8
+    assert auto._pass_launch(2048, default) == "fused" and auto._pass_launch(8192, default) == "each"
+    assert auto._pass_launch(2048, digit_passes((4,) * 8)) == "fused"
+    assert auto._pass_launch(2048, digit_passes((2,) * 16)) == "each"
+    assert StableTopkLauncher(overrides={"PASS_LAUNCH": "each"})._pass_launch(2048, default) == "each"
+    assert StableTopkLauncher(overrides={"PASS_LAUNCH": "fused"})._pass_launch(8192, default) == "fused"
 
 
 @pytest.mark.parametrize("regs, warps, shared, want", [

@@ -62,6 +62,7 @@ from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
 from dsflash.plugins.stable_topk.keys import chunk_keys, clear_histograms, narrowed, place_among, write_picks
 from dsflash.plugins.stable_topk.prefilter import (
     block_max_pass_kernel,
+    maxima_passes_kernel,
     prefilter_collect_kernel,
     prefilter_collect_live_kernel,
     prefilter_rank_kernel,
@@ -74,6 +75,9 @@ from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_ref
 DIGITS = (8, 8, 8, 8)
 # entries per block of the block-max form (prefilter.py; H200 sweep in _form)
 PREFILTER_BLOCK = 16
+# block maxima a row up to which the block-max form runs its digit passes after the first in one
+# program per row (StableTopkLauncher._pass_launch; a listed pool of 16K has 2,048 blocks of 8)
+FUSED_PASS_BLOCKS = 2048
 # rows short of 4k blocks of PREFILTER_BLOCK take the block-max form over blocks of half as many
 # from this many rows, where those are 4k (H200 and H100 sweeps in _form)
 SMALL_BLOCK_ROWS = 16
@@ -186,12 +190,13 @@ class StableTopkLauncher(LauncherBase):
     (False: plain launches), SKIP_IDLE (False: every program of a digit pass builds its histogram);
     the block-max form's FORM, BLOCK, COLLECT ('live' or 'chunk'), LIVE_BLOCKS (live blocks read
     per step of the live collect), BM_CHUNK (blocks per program of its first launch) and TIES
-    ('chunk' or 'rank': which programs of the rank launch write the entries tied at T)."""
+    ('chunk' or 'rank': which programs of the rank launch write the entries tied at T) and
+    PASS_LAUNCH ('fused' or 'each': the digit passes over the maxima in one launch or a launch each)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
     # the override names the launcher reads (the docstring's list), for callers that check theirs
     OVERRIDES = frozenset({"DIGITS", "CHUNK", "num_warps", "MAX_K", "RANK_BLOCK", "CMP_BLOCK", "PDL", "SKIP_IDLE",
-                           "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES"})
+                           "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES", "PASS_LAUNCH"})
 
     def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
         def fits(ws):
@@ -313,6 +318,17 @@ class StableTopkLauncher(LauncherBase):
             form = "prefilter" if blocks >= 4 * k_out else "radix"
         return (form if blocks >= k_out else "radix"), block
 
+    def _pass_launch(self, m: int, passes: tuple) -> str:
+        """How the block-max form runs its digit passes after the first over a row's m maxima:
+        "fused" (prefilter.maxima_passes_kernel: one program per row holds them all and does every
+        pass) or "each" (a launch per digit, programs over chunks of the maxima); the override
+        PASS_LAUNCH if given. Fused by default up to FUSED_PASS_BLOCKS maxima a row (a listed
+        pool's 2,048 blocks of 8), for schedules of up to 8 digits (their widths pack into one
+        32-bit constant)."""
+        launch = self._overrides.get("PASS_LAUNCH", "fused" if m <= FUSED_PASS_BLOCKS else "each")
+        require(launch in ("fused", "each"), f"StableTopk: PASS_LAUNCH must be 'fused' or 'each', got {launch!r}")
+        return launch if len(passes) <= 8 else "each"
+
     def _block_max_form(self, flat: torch.Tensor, k_out: int, vals: torch.Tensor, idx: torch.Tensor,
                         passes: tuple, chunk: int, block: int, warps: int, rank: tuple[int, int]) -> None:
         """prefilter.py's launches into vals / idx [rows, k_out]. `chunk` (entries per program of
@@ -373,11 +389,16 @@ class StableTopkLauncher(LauncherBase):
         block_max_pass_kernel[(rows, cdiv(m, bm_chunk))](
             flat, n, m, k_out, hist, state, counter, bm, SHIFT=shift, BITS=bits, CHUNK=bm_chunk, BLOCK=block,
             **common)
-        for i, (shift, bits) in enumerate(passes[1:], start=1):
-            radix_digit_pass_kernel[(rows, cdiv(m, pass_chunk))](
-                bm, m, k_out, hist, state, counter, ws["prog_eq"], SHIFT=shift, BITS=bits, PASS=i,
-                PREV_BITS=passes[i - 1][1], LAST=False, CHUNK=pass_chunk,
-                SKIP_IDLE=self._overrides.get("SKIP_IDLE", True), **common)
+        if self._pass_launch(m, passes) == "fused":
+            maxima_passes_kernel[(rows,)](
+                bm, m, hist, state, WIDTHS=sum(bits << (4 * i) for i, (_, bits) in enumerate(passes)),
+                MP=next_pow2(m), **common)
+        else:
+            for i, (shift, bits) in enumerate(passes[1:], start=1):
+                radix_digit_pass_kernel[(rows, cdiv(m, pass_chunk))](
+                    bm, m, k_out, hist, state, counter, ws["prog_eq"], SHIFT=shift, BITS=bits, PASS=i,
+                    PREV_BITS=passes[i - 1][1], LAST=False, CHUNK=pass_chunk,
+                    SKIP_IDLE=self._overrides.get("SKIP_IDLE", True), **common)
         if collect == "live":
             live = ws["live"].view(-1)[:rows * m]
             prefilter_collect_live_kernel[(rows, n_prog)](

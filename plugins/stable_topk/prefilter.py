@@ -11,7 +11,9 @@ to T in index order, the reference's tie rule.
 Launches (grid (rows, programs) each, none waiting for another inside a launch):
 1. block_max_pass_kernel: the block maxima of each row (written, clamped as the reference sorts)
    and the first digit pass of the radix select over them;
-2. kernel.py's radix_digit_pass_kernel for the other digits, over the maxima: T;
+2. the other digits over the maxima, giving T: one program per row for all of them
+   (maxima_passes_kernel, where a row's maxima fit one program: a listed pool's 2,048), else
+   kernel.py's radix_digit_pass_kernel, a launch per digit;
 3. prefilter_collect_live_kernel (from 2 rows) or prefilter_collect_kernel (one row): the
    entries above T into a candidate list (slots from a relaxed atomic counter, unordered) and each
    chunk's count of entries equal to T; the live form reads only the blocks whose maximum is >= T
@@ -40,6 +42,7 @@ from dsflash.plugins.stable_topk.keys import (
     BIG,
     chunk_keys,
     clear_histograms,
+    narrow_by,
     narrowed,
     order_key,
     ordered_keys,
@@ -73,6 +76,38 @@ def block_max_pass_kernel(scores_ptr, N, M, k, hist, state, counter, bm_ptr, SHI
     digit = ((order_key(top) >> SHIFT) & (BINS - 1)).to(tl.int32)
     h = tl.histogram(digit, BINS, mask=live)
     tl.atomic_add(hist + row * PASSES * HIST_BINS + tl.arange(0, BINS), h, mask=h > 0, sem="relaxed")
+
+
+@triton.jit
+def maxima_passes_kernel(bm_ptr, M, hist, state, WIDTHS: tl.constexpr, MP: tl.constexpr,
+                         HIST_BINS: tl.constexpr, PASSES: tl.constexpr, PDL: tl.constexpr = False):
+    """Grid (rows,): digit passes 1 .. PASSES - 1 over a row's M block maxima bm[row, :M] in one
+    program, in place of a launch per pass: each launch boundary of that chain cost ~2-4 us while
+    its work over 2,048 maxima is a few histograms (H100, a listed pool at 32 rows: passes 1-3
+    ended 8.0 us after the maxima; docs/benchmarks.md, session 46). WIDTHS packs the passes'
+    digit widths 4 bits each, pass i at bit 4i. Pass 0's histogram comes from
+    block_max_pass_kernel; the last pass's histogram and state[row, PASSES - 1] are written as
+    the launch per digit would leave them, for the collect launch."""
+    wait_for_earlier_grids(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, MP)
+    live = j < M
+    key = order_key(tl.load(bm_ptr + row * M + j, mask=live, other=0.0, cache_modifier=".cg"))
+    prefix, k_rem = narrowed(hist, state, row, 0, WIDTHS & 15, HIST_BINS, PASSES)
+    shift = 32 - (WIDTHS & 15)
+    b = tl.arange(0, HIST_BINS)
+    for i in tl.static_range(1, PASSES):
+        bits = (WIDTHS >> (4 * i)) & 15
+        shift = shift - bits
+        play = live & ((key >> (shift + bits)) == prefix)
+        digit = ((key >> shift) & ((1 << bits) - 1)).to(tl.int32)
+        h = tl.histogram(digit, HIST_BINS, mask=play)
+        if i == PASSES - 1:
+            tl.store(state + (row * PASSES + i) * 2, prefix)
+            tl.store(state + (row * PASSES + i) * 2 + 1, k_rem)
+            tl.store(hist + (row * PASSES + i) * HIST_BINS + b, h)
+        else:
+            prefix, k_rem = narrow_by(h, prefix, k_rem, HIST_BINS, bits)
 
 
 @triton.jit
