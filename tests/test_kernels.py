@@ -1041,7 +1041,8 @@ def test_stable_topk_picks_its_form_by_blocks():
     with pytest.raises(ValueError, match="TIES must be 'chunk' or 'rank', got 'all'"):
         StableTopkLauncher(overrides={"TIES": "all", "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="PASS_LAUNCH must be 'fused' or 'each', got 'one'"):
-        StableTopkLauncher(overrides={"PASS_LAUNCH": "one", "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
+        StableTopkLauncher(overrides={"PASS_LAUNCH": "one", "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)),
+                                                                                  8)
 
 
 def test_stable_topk_fuses_the_passes_over_a_listed_pools_maxima():

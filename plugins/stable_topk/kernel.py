@@ -195,8 +195,9 @@ class StableTopkLauncher(LauncherBase):
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
     # the override names the launcher reads (the docstring's list), for callers that check theirs
-    OVERRIDES = frozenset({"DIGITS", "CHUNK", "num_warps", "MAX_K", "RANK_BLOCK", "CMP_BLOCK", "PDL", "SKIP_IDLE",
-                           "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES", "PASS_LAUNCH"})
+    OVERRIDES = frozenset({"DIGITS", "CHUNK", "num_warps", "MAX_K", "RANK_BLOCK", "CMP_BLOCK", "PDL",
+                           "SKIP_IDLE", "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES",
+                           "PASS_LAUNCH"})
 
     def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
         def fits(ws):
@@ -326,7 +327,8 @@ class StableTopkLauncher(LauncherBase):
         pool's 2,048 blocks of 8), for schedules of up to 8 digits (their widths pack into one
         32-bit constant)."""
         launch = self._overrides.get("PASS_LAUNCH", "fused" if m <= FUSED_PASS_BLOCKS else "each")
-        require(launch in ("fused", "each"), f"StableTopk: PASS_LAUNCH must be 'fused' or 'each', got {launch!r}")
+        require(launch in ("fused", "each"),
+                f"StableTopk: PASS_LAUNCH must be 'fused' or 'each', got {launch!r}")
         return launch if len(passes) <= 8 else "each"
 
     def _block_max_form(self, flat: torch.Tensor, k_out: int, vals: torch.Tensor, idx: torch.Tensor,
