@@ -225,8 +225,7 @@ class CSA2Attention(nn.Module):
             # the listed pool: only its entries are scored and ranked (same selection as the mask)
             pool = shared.candidate_list_BSP
             scores = self.ops.csa2_index_score_pooled(q, w, src.index_k_BNJ, pool, src.index_e_BNG)
-            idx = ops.select_listed_topk(scores, pool, cfg.index_topk, src.group_BN.shape[1],
-                                         topk=self.ops.stable_topk, picks=self.ops.listed_picks)
+            idx = self.ops.select_listed_topk(scores, pool, cfg.index_topk, src.group_BN.shape[1])
             shared.topk[self.layer] = idx
             return idx
         visible = ops.visible_entries(src.group_BN, pos_BS, self.ratio)

@@ -86,10 +86,10 @@ def pdl_kernel_specs() -> dict:
     topk_sig = {"scores_ptr": "*fp32", "N": "i32", "k": "i32", "hist": "*i32", "state": "*i64",
                 "counter": "*i32", "prog_hist": "*i32"}
     rank_sig = {"scores_ptr": "*fp32", "N": "i32", "k": "i32", "hist": "*i32", "counter": "*i32",
-                "sel": "*u64", "vals_ptr": "*fp32", "idx_ptr": "*i64"}
+                "sel": "*u64", "vals_ptr": "*fp32", "idx_ptr": "*i64", "entries_ptr": "*i64", "W": "i32"}
     block_max_rank_sig = {"scores_ptr": "*fp32", "N": "i32", "k": "i32", "hist": "*i32", "counter": "*i32",
                           "prog_eq": "*i32", "cand": "*u64", "tval": "*i64", "vals_ptr": "*fp32",
-                          "idx_ptr": "*i64", "CAP": "i32"}
+                          "idx_ptr": "*i64", "CAP": "i32", "entries_ptr": "*i64", "W": "i32"}
     attn_cfg = constants(attention.launch_config(64, 512, bf16))
     pooled_sig = {"q_ptr": index_sig["q_ptr"], "w_ptr": index_sig["w_ptr"], "k_ptr": index_sig["k_ptr"],
                   "entries_ptr": "*i32", "S": "i32", "N": "i32", "P": "i32", "out_ptr": "*fp32"}
@@ -148,6 +148,11 @@ def pdl_kernel_specs() -> dict:
         "topk_block_max_rank_ties": (prefilter.prefilter_rank_kernel, block_max_rank_sig,
                                      {"RANK_PROGS": 32, "RANK_BLOCK": 16, "CMP_BLOCK": 256, "CHUNK": 2048,
                                       "PP": 64, "HIST_BINS": 256, "PASSES": 4, "TIES_IN_RANK": True}),
+        # a listed pool's top-k writing its entry ids (StableTopkLauncher.listed_ids)
+        "topk_block_max_rank_listed": (prefilter.prefilter_rank_kernel, block_max_rank_sig | {"entries_ptr": "*i32"},
+                                       {"RANK_PROGS": 64, "RANK_BLOCK": 8, "CMP_BLOCK": 256, "CHUNK": 512,
+                                        "PP": 32, "HIST_BINS": 256, "PASSES": 4, "TIES_IN_RANK": True,
+                                        "LISTED": True}),
         "attention_split": (attention.csa2_sparse_attention_kernel, attention_trt.kernel_signature(bf16),
                             {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True} | attn_cfg),
         # the batch form of many rows (64-key blocks) ...

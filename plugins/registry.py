@@ -232,6 +232,16 @@ class OpSet:
         return self._launcher_or("listed_picks", csa2_ops.listed_picks, vals_BSK, pos_BSK, entries_BSP, width,
                                  traced_reference=True)
 
+    def select_listed_topk(self, scores_BSP, entries_BSP, k: int, n: int):
+        """model/csa2_ops.py:select_listed_topk with this OpSet's top-k and picks. The eager Triton
+        backend with the top-k kernel runs it as one launcher call whose rank launch writes the
+        entry ids itself (StableTopkLauncher.listed_ids: no listed_picks launch); a traced graph
+        and the other backends keep the two ops."""
+        if self._backend == "triton" and self.use_topk_kernel and not torch.compiler.is_compiling():
+            return self._kernels["stable_topk"].listed_ids(scores_BSP, entries_BSP, k, min(k, n))
+        return csa2_ops.select_listed_topk(scores_BSP, entries_BSP, k, n, topk=self.stable_topk,
+                                           picks=self.listed_picks)
+
     def _launcher_or(self, name: str, reference, *args, traced_reference: bool = False):
         """A launcher that is not a graph op on the Triton backend, else the reference. Under
         compilation its torch.library op (plugins/triton_ops.py:LAUNCHER_OPS), or with

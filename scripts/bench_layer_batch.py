@@ -68,10 +68,10 @@ from tqdm import tqdm
 from triton.runtime.errors import OutOfResources
 
 from dsflash.model import csa2_ops
-from dsflash.model.csa2_ops import select_listed_topk, select_topk
+from dsflash.model.csa2_ops import select_topk
 from dsflash.model.quant import fp4_pow2_pack, fp4_pow2_qat
 from dsflash.plugins.csa2_index_score import kernel as index_kernel
-from dsflash.plugins.csa2_index_score.pool_list import listed_picks, pool_entry_list
+from dsflash.plugins.csa2_index_score.pool_list import pool_entry_list
 from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
 from dsflash.plugins.csa2_index_score.pooled_fp4 import csa2_index_score_fp4_pooled
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
@@ -179,7 +179,8 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
 
     def select(kind):
         if kind in ("reindex_listed", "reindex_listed_fp4"):
-            return select_listed_topk(index(kind), x["list"], TOPK, ctx, topk=topk, picks=listed_picks)
+            # as OpSet("triton").select_listed_topk runs it: the rank launch writes the entry ids
+            return topk.listed_ids(index(kind), x["list"], TOPK, min(TOPK, ctx))
         return topk(index(kind), TOPK)[1]
 
     def layer(kind):

@@ -19,10 +19,8 @@ import logging
 import bench_kernels as bench
 import torch
 
-from dsflash.model.csa2_ops import select_listed_topk
 from dsflash.model.quant import fp4_pow2_pack
 from dsflash.plugins.csa2_index_score import kernel as index_kernel
-from dsflash.plugins.csa2_index_score.pool_list import listed_picks
 from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
 from dsflash.plugins.csa2_index_score.pooled_fp4 import csa2_index_score_fp4_pooled
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
@@ -81,8 +79,8 @@ def attention(n: int, gen, rows: int = 1):
 
 
 def listed_layer(rows: int, gen, fp4: bool = True):
-    """bench_layer_batch.py's listed Reindex layer (index over the listed pool, top-k, the picks
-    mapped to entry ids, attention) at `rows` rows of 128K entries, FP4 index keys on kv_qat
+    """bench_layer_batch.py's listed Reindex layer (index over the listed pool, top-k writing the
+    picks' entry ids, attention) at `rows` rows of 128K entries, FP4 index keys on kv_qat
     queries or bf16 keys."""
     import bench_layer_batch as layers
 
@@ -96,7 +94,7 @@ def listed_layer(rows: int, gen, fp4: bool = True):
         return csa2_index_score_pooled(x["iq"], x["iw"], x["ik"], x["list"])
 
     def layer():
-        sel = select_listed_topk(index(), x["list"], bench.TOPK, 131072, topk=topk, picks=listed_picks)
+        sel = topk.listed_ids(index(), x["list"], bench.TOPK, bench.TOPK)  # OpSet("triton")'s form
         return attn(x["q"], x["kv"], sel, x["win"], x["wmask"], x["sink"], bench.HEAD_DIM ** -0.5)
 
     return layer

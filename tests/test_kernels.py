@@ -180,6 +180,63 @@ def test_pool_entry_list_kernel_is_exact(gen, n, size, chunk):
     assert torch.equal(got.cpu(), csa2_ops.pool_entry_list(member, size))
 
 
+def _listed_case(gen, rows: int, p: int, pooled: int, n: int):
+    """Scores of a listed pool [rows, 1, p] over n entries: `pooled` members a row (ids ascending,
+    -1 padded; the last row's pool shorter), -inf at padding and at the last row's first 5 members
+    (an entry picked at -inf maps to -1 as padding does), ReLU ties rounded."""
+    from dsflash.model import csa2_ops
+
+    member = torch.zeros(rows, 1, n, dtype=torch.bool)
+    for r in range(rows):
+        member[r, 0, torch.randperm(n, generator=gen)[:pooled if r < rows - 1 else pooled // 3]] = True
+    entries = csa2_ops.pool_entry_list(member, p)
+    scores = torch.relu(torch.randn(rows, 1, p, generator=gen)).round(decimals=1)
+    scores[-1, 0, :5] = float("-inf")
+    return scores.masked_fill(entries < 0, float("-inf")), entries
+
+
+@pytest.mark.parametrize("form", ["radix", "prefilter", "prefilter-each", "prefilter-chunk-ties"])
+@pytest.mark.parametrize("k,p", [(40, 300), (40, 30), (300, 300)])
+def test_stable_topk_listed_ids_are_the_two_ops(gen, form, k, p):
+    """StableTopkLauncher.listed_ids (the rank launch writes entry ids) against
+    csa2_ops.select_listed_topk with the reference sort and picks, bit for bit, in both forms (the
+    block-max form's passes fused and a launch each, its ties written by the rank programs and by
+    programs of their own): padding picked where a row's pool is short of k (-1), a list of 300
+    holding fewer than k = 300 members, a list of P = 30 < k (its 30 columns padded to min(k, N) =
+    40), and the tied zeros at the k-th place; twice on one launcher."""
+    from dsflash.model import csa2_ops
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
+
+    n = 3000
+    scores, entries = _listed_case(gen, 3, p, 250 if p > 250 else 20, n)
+    over = {"radix": {"FORM": "radix"}, "prefilter": {"FORM": "prefilter", "BLOCK": 2},
+            "prefilter-each": {"FORM": "prefilter", "BLOCK": 2, "PASS_LAUNCH": "each"},
+            "prefilter-chunk-ties": {"FORM": "prefilter", "BLOCK": 2, "TIES": "chunk", "CHUNK": 64}}[form]
+    launcher = topk_kernel.StableTopkLauncher(overrides=over)
+    want = csa2_ops.select_listed_topk(scores, entries, k, n)
+    for _ in range(2):
+        got = launcher.listed_ids(*_dev(scores, entries), k, min(k, n))
+        assert got.dtype == torch.int64 and torch.equal(got.cpu(), want)
+        _assert_topk_workspaces_cleared(launcher)
+
+
+def test_stable_topk_listed_ids_refuse_bad_input(gen):
+    """Entries of another shape or dtype, a width under the top-k's columns, scores not [B, S, P]:
+    a ValueError naming them before any launch."""
+    from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
+
+    scores, entries = _listed_case(gen, 2, 64, 40, 500)
+    launcher = StableTopkLauncher()
+    with pytest.raises(ValueError, match=r"entries \(2, 1, 63\) must match the scores \(2, 1, 64\)"):
+        launcher.listed_ids(*_dev(scores, entries[..., :63]), 8, 8)
+    with pytest.raises(ValueError, match="entries has dtype torch.float32"):
+        launcher.listed_ids(*_dev(scores, entries.float()), 8, 8)
+    with pytest.raises(ValueError, match="width 7 < the top-k's 8 columns"):
+        launcher.listed_ids(*_dev(scores, entries), 8, 7)
+    with pytest.raises(ValueError, match="scores"):
+        launcher.listed_ids(*_dev(scores[:, 0], entries[:, 0]), 8, 8)
+
+
 def test_listed_picks_kernel_is_exact(gen):
     """Mapping a top-k over the list back to entry ids: -inf picks, positions outside the list
     (unread, -1) and columns past the top-k's are -1, as in the reference."""

@@ -56,10 +56,26 @@ import torch
 import triton
 import triton.language as tl
 
+from dsflash.model.csa2_ops import listed_picks as reference_listed_picks
 from dsflash.plugins.aot import cdiv_expr as cdiv
-from dsflash.plugins.launch import LauncherBase, check_device, check_dtype, is_pow2, next_pow2, require
+from dsflash.plugins.launch import (
+    LauncherBase,
+    check_device,
+    check_dtype,
+    check_shape,
+    is_pow2,
+    next_pow2,
+    require,
+)
 from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
-from dsflash.plugins.stable_topk.keys import chunk_keys, clear_histograms, narrowed, place_among, write_picks
+from dsflash.plugins.stable_topk.keys import (
+    chunk_keys,
+    clear_histograms,
+    narrowed,
+    pad_listed_row,
+    place_among,
+    write_picks,
+)
 from dsflash.plugins.stable_topk.prefilter import (
     block_max_pass_kernel,
     maxima_passes_kernel,
@@ -160,15 +176,17 @@ def radix_select_kernel(scores_ptr, N, k, hist, state, counter, prog_hist, sel,
 
 
 @triton.jit
-def radix_rank_kernel(scores_ptr, N, k, hist, counter, sel, vals_ptr, idx_ptr, KP: tl.constexpr,
-                      RANK_BLOCK: tl.constexpr, CMP_BLOCK: tl.constexpr, HIST_BINS: tl.constexpr,
-                      PASSES: tl.constexpr, PDL: tl.constexpr = False):
+def radix_rank_kernel(scores_ptr, N, k, hist, counter, sel, vals_ptr, idx_ptr, entries_ptr, W,
+                      KP: tl.constexpr, RANK_BLOCK: tl.constexpr, CMP_BLOCK: tl.constexpr,
+                      HIST_BINS: tl.constexpr, PASSES: tl.constexpr, LISTED: tl.constexpr = False,
+                      PDL: tl.constexpr = False):
     """Grid (rows, k / RANK_BLOCK): the place of each selected key in the output is the number of
     selected keys above it (the keys are unique), counted against all k in CMP_BLOCK steps; then
     index and value go to that place. Many programs counting replace one program sorting (a
     4-warp bitonic tl.sort of 512 keys took most of the select launch's 9 us under ncu, H200
     2026-12-03). The row's first program clears the histograms and the slot counter for the
-    next call: every launch that reads them has finished by now."""
+    next call: every launch that reads them has finished by now. LISTED: entry ids out
+    (keys.write_picks), the row's columns past k padded by its first program."""
     wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
@@ -177,10 +195,11 @@ def radix_rank_kernel(scores_ptr, N, k, hist, counter, sel, vals_ptr, idx_ptr, K
     mine = tl.load(sel + row * KP + r, mask=keep, other=0, cache_modifier=".cg")
     rank = place_among(mine, sel + row * KP, k, CMP_BLOCK)
     index = (0xFFFFFFFF - (mine & 0xFFFFFFFF)).to(tl.int64)
-    write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, rank, index, keep)
+    write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, rank, index, keep, entries_ptr, W, LISTED)
     if p == 0:
         clear_histograms(hist, row, HIST_BINS, PASSES)
         tl.store(counter + row, 0)
+        pad_listed_row(idx_ptr, row, k, W, LISTED)
 
 
 class StableTopkLauncher(LauncherBase):
@@ -216,6 +235,27 @@ class StableTopkLauncher(LauncherBase):
         return self._reuse_or_make((device, passes), fits, make)
 
     def __call__(self, scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._select(scores, k)
+
+    def listed_ids(self, scores_BSP: torch.Tensor, entries_BSP: torch.Tensor, k: int,
+                   width: int) -> torch.Tensor:
+        """model/csa2_ops.py:select_listed_topk's result for a listed pool's scores [B, S, P] and
+        its ids [B, S, P] (int32 / int64), width = min(k, N): the top-k's picks as entry ids [B, S,
+        width] int64, -1 for padding picked and past the top-k's min(k, P) columns. The rank
+        launch writes the ids itself, where the top-k and then listed_picks would take a launch
+        more (and its wait) and a round trip of the values and positions."""
+        op = "StableTopk(listed)"
+        check_shape(op, "scores", scores_BSP, (None, None, None))
+        check_dtype(op, "entries", entries_BSP, (torch.int32, torch.int64))
+        require(entries_BSP.shape == scores_BSP.shape,
+                f"{op}: entries {tuple(entries_BSP.shape)} must match the scores {tuple(scores_BSP.shape)}")
+        k_out = min(k, scores_BSP.shape[-1])
+        require(width >= k_out, f"{op}: width {width} < the top-k's {k_out} columns")
+        return self._select(scores_BSP, k, entries_BSP, width)
+
+    def _select(self, scores: torch.Tensor, k: int, entries: torch.Tensor | None = None,
+                width: int | None = None):
+        """(values, indices) of the top-k, or with `entries` the listed form's ids (listed_ids)."""
         op = "StableTopk"
         check_dtype(op, "scores", scores, (torch.float32,))
         require(scores.dim() >= 1 and k >= 1, f"{op}: needs scores [..., N] and k >= 1, got "
@@ -225,14 +265,14 @@ class StableTopkLauncher(LauncherBase):
         k_out = min(k, n)
         lead = scores.shape[:-1]
         rows = scores.numel() // max(n, 1)
-        if n == 0 or rows == 0:
-            return (scores.new_empty(*lead, 0),
-                    torch.empty(*lead, 0, dtype=torch.int64, device=scores.device))
-        kp = next_pow2(k_out)
-        if kp > self._overrides.get("MAX_K", 8192) or n >= 2**31:
+        listed = entries is not None
+        if n == 0 or rows == 0 or next_pow2(k_out) > self._overrides.get("MAX_K", 8192) or n >= 2**31:
             # the rank pass compares every selected key with every other (k^2), and keys pack
-            # 32-bit indices: past those, the sort
-            return stable_topk_reference(scores, k)
+            # 32-bit indices: past those, the sort (and no work for an empty row)
+            vals, idx = (stable_topk_reference(scores, k) if n and rows else
+                         (scores.new_empty(*lead, 0), torch.empty(*lead, 0, dtype=torch.int64, device=scores.device)))
+            return reference_listed_picks(vals, idx, entries, width) if listed else (vals, idx)
+        kp = next_pow2(k_out)
         passes = digit_passes(tuple(self._overrides.get("DIGITS", DIGITS)))
         # 512-entry chunks (H200 at 128K: 14.3 us, 1K 15.4 in session 9; 23.7 / 25.4 / 28.8 us for
         # 512 / 1K / 2K before the rank pass); they grow for very long rows, so a row has at most
@@ -247,13 +287,18 @@ class StableTopkLauncher(LauncherBase):
         rank_block = self._pow2("RANK_BLOCK", rank_block_for(rows, k_out))
         cmp_block = self._pow2("CMP_BLOCK", 256)
         flat = scores.contiguous().view(rows, n)
-        vals = torch.empty(rows, k_out, dtype=torch.float32, device=scores.device)
-        idx = torch.empty(rows, k_out, dtype=torch.int64, device=scores.device)
+        # the listed form writes ids only, into rows of `width` (no values: its launches get the ids'
+        # buffer in their place, never written through it)
+        idx = torch.empty(rows, width if listed else k_out, dtype=torch.int64, device=scores.device)
+        vals = idx if listed else torch.empty(rows, k_out, dtype=torch.float32, device=scores.device)
+        ids = entries.contiguous().view(rows, n) if listed else idx
+        out = {"entries": ids, "width": width if listed else k_out, "listed": listed}
         warps = self._overrides.get("num_warps", 4)
         form, block = self._form(n, k_out, self._overrides.get("BLOCK", PREFILTER_BLOCK), rows)
         if form == "prefilter":
-            self._block_max_form(flat, k_out, vals, idx, passes, chunk, block, warps, (rank_block, cmp_block))
-            return vals.view(*lead, k_out), idx.view(*lead, k_out)
+            self._block_max_form(flat, k_out, vals, idx, passes, chunk, block, warps, (rank_block, cmp_block),
+                                 out)
+            return idx.view(*lead, width) if listed else (vals.view(*lead, k_out), idx.view(*lead, k_out))
         ws = self._workspace(scores.device, rows, n_prog, kp, passes)
         hist, state, counter = ws["hist"], ws["state"], ws["counter"]
         common = dict(CHUNK=chunk, HIST_BINS=hist.shape[2], PASSES=len(passes), num_warps=warps,
@@ -269,9 +314,9 @@ class StableTopkLauncher(LauncherBase):
         rank_block = min(rank_block, kp)
         common.pop("CHUNK")
         radix_rank_kernel[(rows, cdiv(k_out, rank_block))](
-            flat, n, k_out, hist, counter, ws["sel"], vals, idx, KP=ws["sel"].shape[1],
-            RANK_BLOCK=rank_block, CMP_BLOCK=min(cmp_block, ws["sel"].shape[1]), **common)
-        return vals.view(*lead, k_out), idx.view(*lead, k_out)
+            flat, n, k_out, hist, counter, ws["sel"], vals, idx, out["entries"], out["width"], KP=ws["sel"].shape[1],
+            RANK_BLOCK=rank_block, CMP_BLOCK=min(cmp_block, ws["sel"].shape[1]), LISTED=listed, **common)
+        return idx.view(*lead, width) if listed else (vals.view(*lead, k_out), idx.view(*lead, k_out))
 
     def _pow2(self, name: str, default: int) -> int:
         """The override `name`, or `default`: a power of two (tl.arange's sizes), or a ValueError
@@ -332,11 +377,13 @@ class StableTopkLauncher(LauncherBase):
         return launch if len(passes) <= 8 else "each"
 
     def _block_max_form(self, flat: torch.Tensor, k_out: int, vals: torch.Tensor, idx: torch.Tensor,
-                        passes: tuple, chunk: int, block: int, warps: int, rank: tuple[int, int]) -> None:
+                        passes: tuple, chunk: int, block: int, warps: int, rank: tuple[int, int],
+                        out: dict) -> None:
         """prefilter.py's launches into vals / idx [rows, k_out]. `chunk` (entries per program of
         the collect and tie launches, as the radix form's) also sets the first launch's blocks per
         program (chunk / block maxima: as many scores as a radix pass's program reads); `rank` is
-        the rank launch's (keys per program, keys compared at a time)."""
+        the rank launch's (keys per program, keys compared at a time); `out` the listed form's
+        (entries, width, listed) for it (_select)."""
         rows, n = flat.shape
         m = cdiv(n, block)
         chunk = max(chunk, block)  # whole blocks per collect program
@@ -416,8 +463,8 @@ class StableTopkLauncher(LauncherBase):
         tie_progs = 0 if ties_in_rank else n_prog
         prefilter_rank_kernel[(rows, rank_progs + tie_progs)](
             flat, n, k_out, hist, counter, ws["prog_eq"], ws["cand"], ws["tval"], vals, idx, cand_cap,
-            RANK_PROGS=rank_progs, RANK_BLOCK=rank_block, CMP_BLOCK=cmp_block,
-            CHUNK=chunk, PP=next_pow2(n_prog), TIES_IN_RANK=ties_in_rank, **common)
+            out["entries"], out["width"], RANK_PROGS=rank_progs, RANK_BLOCK=rank_block, CMP_BLOCK=cmp_block,
+            CHUNK=chunk, PP=next_pow2(n_prog), TIES_IN_RANK=ties_in_rank, LISTED=out["listed"], **common)
 
 
 def batch_chunk(rows: int, n: int, programs: int = 1024) -> int:

@@ -87,11 +87,31 @@ def place_among(mine, keys_ptr, count, CMP_BLOCK: tl.constexpr):
 
 
 @triton.jit
-def write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, place, index, put):
+def write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, place, index, put, entries_ptr, W,
+                LISTED: tl.constexpr):
     """Index and score of each pick at its place in the row's k outputs; the values come from the
-    scores themselves (the keys hold the clamped ones), as the reference's."""
-    tl.store(idx_ptr + row * k + place, index, mask=put)
-    tl.store(vals_ptr + row * k + place, tl.load(scores_ptr + row * N + index, mask=put, other=0.0), mask=put)
+    scores themselves (the keys hold the clamped ones), as the reference's. LISTED (scores of a
+    listed pool, entries_ptr its ids [rows, N]): the pick's entry id instead, into a row of W,
+    -1 where its score is -inf (padding picked), as model/csa2_ops.py:listed_picks maps them;
+    no values."""
+    if LISTED:
+        score = tl.load(scores_ptr + row * N + index, mask=put, other=0.0)
+        entry = tl.load(entries_ptr + row * N + index, mask=put, other=-1).to(tl.int64)
+        tl.store(idx_ptr + row * W + place, tl.where(score == float("-inf"), -1, entry), mask=put)
+    else:
+        tl.store(idx_ptr + row * k + place, index, mask=put)
+        tl.store(vals_ptr + row * k + place, tl.load(scores_ptr + row * N + index, mask=put, other=0.0),
+                 mask=put)
+
+
+@triton.jit
+def pad_listed_row(idx_ptr, row, k, W, LISTED: tl.constexpr):
+    """LISTED: the row's columns k .. W - 1 past the top-k's (a pool shorter than the k asked
+    for) set to -1, as listed_picks pads them."""
+    if LISTED:
+        for c in tl.range(k, W, 256):
+            col = c + tl.arange(0, 256)
+            tl.store(idx_ptr + row * W + col, tl.full([256], -1, tl.int64), mask=col < W)
 
 
 @triton.jit

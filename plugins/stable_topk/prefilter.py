@@ -46,6 +46,7 @@ from dsflash.plugins.stable_topk.keys import (
     narrowed,
     order_key,
     ordered_keys,
+    pad_listed_row,
     place_among,
     write_picks,
 )
@@ -179,8 +180,8 @@ def prefilter_collect_live_kernel(scores_ptr, N, M, bm_ptr, live_ptr, hist, stat
 
 
 @triton.jit
-def _write_ties(scores_ptr, vals_ptr, idx_ptr, prog_eq, tval, row, N, k, g, need, c, n_chunks,
-                CHUNK: tl.constexpr, PP: tl.constexpr):
+def _write_ties(scores_ptr, vals_ptr, idx_ptr, prog_eq, tval, row, N, k, g, need, c, n_chunks, entries_ptr, W,
+                CHUNK: tl.constexpr, PP: tl.constexpr, LISTED: tl.constexpr):
     """Chunk c's entries equal to T among the first `need` of them in index order (the chunks
     before it hold prog_eq of them each), written at places g and on."""
     pp = tl.arange(0, PP)
@@ -193,15 +194,16 @@ def _write_ties(scores_ptr, vals_ptr, idx_ptr, prog_eq, tval, row, N, k, g, need
         eq = ok & (ordered_keys(scores_ptr, row, n, ok, N) == t)
         eq_rank = before + tl.cumsum(eq.to(tl.int32), axis=0) - 1
         put = eq & (eq_rank < need)
-        write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, g + eq_rank, n.to(tl.int64), put)
+        write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, g + eq_rank, n.to(tl.int64), put, entries_ptr, W,
+                    LISTED)
 
 
 @triton.jit
 def prefilter_rank_kernel(scores_ptr, N, k, hist, counter, prog_eq, cand, tval, vals_ptr, idx_ptr, CAP,
-                          RANK_PROGS: tl.constexpr, RANK_BLOCK: tl.constexpr, CMP_BLOCK: tl.constexpr,
-                          CHUNK: tl.constexpr, PP: tl.constexpr, HIST_BINS: tl.constexpr,
-                          PASSES: tl.constexpr, TIES_IN_RANK: tl.constexpr = False,
-                          PDL: tl.constexpr = False):
+                          entries_ptr, W, RANK_PROGS: tl.constexpr, RANK_BLOCK: tl.constexpr,
+                          CMP_BLOCK: tl.constexpr, CHUNK: tl.constexpr, PP: tl.constexpr,
+                          HIST_BINS: tl.constexpr, PASSES: tl.constexpr, TIES_IN_RANK: tl.constexpr = False,
+                          LISTED: tl.constexpr = False, PDL: tl.constexpr = False):
     """Grid (rows, RANK_PROGS + chunks), or (rows, RANK_PROGS) with TIES_IN_RANK. The first
     RANK_PROGS programs of a row take its G candidates RANK_BLOCK at a time (strided) and write
     each one whose place (candidates above it) is below k. When G < k, the entries equal to T among
@@ -209,7 +211,8 @@ def prefilter_rank_kernel(scores_ptr, N, k, hist, counter, prog_eq, cand, tval, 
     of the scores after the rank programs, or with TIES_IN_RANK by the rank programs themselves,
     each taking every RANK_PROGS-th chunk after its ranks (no program of the launch is there for
     the ties alone; most rows have G >= k). The row's first program clears the histograms for the
-    next call (this launch does not read them)."""
+    next call (this launch does not read them). LISTED: entry ids out (keys.write_picks), the
+    row's columns past k padded by its first program."""
     wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     q = tl.program_id(1)
@@ -221,18 +224,20 @@ def prefilter_rank_kernel(scores_ptr, N, k, hist, counter, prog_eq, cand, tval, 
             mine = tl.load(cand + row * CAP + r, mask=keep, other=0, cache_modifier=".cg")
             rank = place_among(mine, cand + row * CAP, g, CMP_BLOCK)
             write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, rank,
-                        (0xFFFFFFFF - (mine & 0xFFFFFFFF)).to(tl.int64), keep & (rank < k))
+                        (0xFFFFFFFF - (mine & 0xFFFFFFFF)).to(tl.int64), keep & (rank < k), entries_ptr, W,
+                        LISTED)
         if q == 0:
             clear_histograms(hist, row, HIST_BINS, PASSES)
+            pad_listed_row(idx_ptr, row, k, W, LISTED)
         if TIES_IN_RANK:
             need = k - g
             if need > 0:
                 n_chunks = tl.cdiv(N, CHUNK)  # the collect launch's grid: no tie programs here
                 for c in tl.range(q, n_chunks, RANK_PROGS):
                     _write_ties(scores_ptr, vals_ptr, idx_ptr, prog_eq, tval, row, N, k, g, need, c, n_chunks,
-                                CHUNK, PP)
+                                entries_ptr, W, CHUNK, PP, LISTED)
     else:
         need = k - g
         if need > 0:
             _write_ties(scores_ptr, vals_ptr, idx_ptr, prog_eq, tval, row, N, k, g, need, q - RANK_PROGS,
-                        tl.num_programs(1) - RANK_PROGS, CHUNK, PP)
+                        tl.num_programs(1) - RANK_PROGS, entries_ptr, W, CHUNK, PP, LISTED)
