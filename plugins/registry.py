@@ -73,9 +73,11 @@ def _triton_kernels() -> dict:
     from dsflash.plugins.qat_round import kernel as qat_round
     from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
 
+    topk = StableTopkLauncher()
     return {"engram_hash_gather": engram_hash_gather, "csa2_index_score": csa2_index_score,
             "csa2_sparse_attention": SparseAttentionLauncher(), "mhc_boundary": MhcBoundaryLauncher(),
-            "stable_topk": StableTopkLauncher(), "csa2_index_score_pooled": csa2_index_score_pooled,
+            "stable_topk": topk, "listed_topk": topk.listed_ids,
+            "csa2_index_score_pooled": csa2_index_score_pooled,
             "pool_entry_list": pool_entry_list, "listed_picks": listed_picks,
             "csa2_index_score_fp4": csa2_index_score_fp4, "csa2_index_score_fp4_pooled": listed_fp4_scores,
             "csa2_entries_fp4": csa2_entries_fp4,
@@ -238,7 +240,7 @@ class OpSet:
         entry ids itself (StableTopkLauncher.listed_ids: no listed_picks launch); a traced graph
         and the other backends keep the two ops."""
         if self._backend == "triton" and self.use_topk_kernel and not torch.compiler.is_compiling():
-            return self._kernels["stable_topk"].listed_ids(scores_BSP, entries_BSP, k, min(k, n))
+            return self._kernels["listed_topk"](scores_BSP, entries_BSP, k, min(k, n))
         return csa2_ops.select_listed_topk(scores_BSP, entries_BSP, k, n, topk=self.stable_topk,
                                            picks=self.listed_picks)
 

@@ -977,7 +977,8 @@ def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block, pas
 @pytest.mark.parametrize("case", ["ascending", "sparse ties", "equal run", "all equal", "all -inf"])
 @pytest.mark.parametrize("over", [{"COLLECT": "chunk"}, {"LIVE_BLOCKS": 1}, {"LIVE_BLOCKS": 4, "CHUNK": 64},
                                   {"BM_CHUNK": 1}, {"BM_CHUNK": 512}, {"TIES": "chunk"},
-                                  {"TIES": "rank", "RANK_BLOCK": 64, "CHUNK": 16}])
+                                  {"TIES": "rank", "RANK_BLOCK": 64, "CHUNK": 16},
+                                  {"RANK_COVER": 1, "RANK_BLOCK": 2}, {"RANK_COVER": 4, "RANK_BLOCK": 2}])
 def test_stable_topk_block_max_collect_forms_are_exact(gen, case, over):
     """Both collect launches of the block-max form give the stable sort's bits on the bound cases:
     every chunk read whole ("chunk"), and only the live blocks (the default) listed and read one or
@@ -986,7 +987,8 @@ def test_stable_topk_block_max_collect_forms_are_exact(gen, case, over):
     of one block per program or of more blocks than a row has (BM_CHUNK: 512 of its 250); and so
     do the ties at T written by programs of their own, one per chunk (TIES="chunk"; the default
     has the rank programs write them), and by a few rank programs that take every chunk of 16
-    entries in turn."""
+    entries in turn; and so do rank launches with programs for k and for 4k candidates a round
+    (RANK_COVER; the default 2k)."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
@@ -1097,6 +1099,8 @@ def test_stable_topk_picks_its_form_by_blocks():
         StableTopkLauncher(overrides={"BM_CHUNK": 24, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="TIES must be 'chunk' or 'rank', got 'all'"):
         StableTopkLauncher(overrides={"TIES": "all", "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
+    with pytest.raises(ValueError, match="RANK_COVER must be 1, 2 or 4, got 3"):
+        StableTopkLauncher(overrides={"RANK_COVER": 3, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="PASS_LAUNCH must be 'fused' or 'each', got 'one'"):
         StableTopkLauncher(overrides={"PASS_LAUNCH": "one", "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)),
                                                                                   8)

@@ -210,13 +210,14 @@ class StableTopkLauncher(LauncherBase):
     the block-max form's FORM, BLOCK, COLLECT ('live' or 'chunk'), LIVE_BLOCKS (live blocks read
     per step of the live collect), BM_CHUNK (blocks per program of its first launch) and TIES
     ('chunk' or 'rank': which programs of the rank launch write the entries tied at T) and
-    PASS_LAUNCH ('fused' or 'each': the digit passes over the maxima in one launch or a launch each)."""
+    PASS_LAUNCH ('fused' or 'each': the digit passes over the maxima in one launch or a launch each)
+    and RANK_COVER (its rank launch's programs for RANK_COVER x k candidates)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
     # the override names the launcher reads (the docstring's list), for callers that check theirs
     OVERRIDES = frozenset({"DIGITS", "CHUNK", "num_warps", "MAX_K", "RANK_BLOCK", "CMP_BLOCK", "PDL",
                            "SKIP_IDLE", "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES",
-                           "PASS_LAUNCH"})
+                           "PASS_LAUNCH", "RANK_COVER"})
 
     def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
         def fits(ws):
@@ -405,6 +406,12 @@ class StableTopkLauncher(LauncherBase):
         ties = self._overrides.get("TIES", "rank")
         require(ties in ("chunk", "rank"), f"StableTopk: TIES must be 'chunk' or 'rank', got {ties!r}")
         ties_in_rank = ties == "rank"
+        # the rank programs take the G candidates RANK_BLOCK at a time, strided; G is known on the
+        # GPU only, and is often a little over k (random scores in blocks of 8: ~1.13k), so
+        # programs for k alone leave a few of them a second round of the whole chain of loads.
+        # RANK_COVER x k candidates take one round (programs past G exit at once)
+        cover = self._overrides.get("RANK_COVER", 2)
+        require(cover in (1, 2, 4), f"StableTopk: RANK_COVER must be 1, 2 or 4, got {cover!r}")
         cap = k_out * block  # above (k - 1) x block entries cannot be above T (prefilter.py)
         # blocks per program of the first launch: as many scores as a digit pass's program reads.
         # At 64 rows of 128K it read its 32 MB at 2.4 TB/s (13.5 us, session 24): BM_CHUNK sweeps
@@ -459,7 +466,7 @@ class StableTopkLauncher(LauncherBase):
                 flat, n, hist, state, counter, ws["prog_eq"], ws["cand"], ws["tval"], cand_cap, CHUNK=chunk,
                 LAST_BITS=passes[-1][1], **common)
         rank_block, cmp_block = rank
-        rank_progs = cdiv(k_out, rank_block)
+        rank_progs = cdiv(cover * k_out, rank_block)
         tie_progs = 0 if ties_in_rank else n_prog
         prefilter_rank_kernel[(rows, rank_progs + tie_progs)](
             flat, n, k_out, hist, counter, ws["prog_eq"], ws["cand"], ws["tval"], vals, idx, cand_cap,
