@@ -270,8 +270,8 @@ class StableTopkLauncher(LauncherBase):
         if n == 0 or rows == 0 or next_pow2(k_out) > self._overrides.get("MAX_K", 8192) or n >= 2**31:
             # the rank pass compares every selected key with every other (k^2), and keys pack
             # 32-bit indices: past those, the sort (and no work for an empty row)
-            vals, idx = (stable_topk_reference(scores, k) if n and rows else
-                         (scores.new_empty(*lead, 0), torch.empty(*lead, 0, dtype=torch.int64, device=scores.device)))
+            empty = (scores.new_empty(*lead, 0), scores.new_empty(*lead, 0, dtype=torch.int64))
+            vals, idx = stable_topk_reference(scores, k) if n and rows else empty
             return reference_listed_picks(vals, idx, entries, width) if listed else (vals, idx)
         kp = next_pow2(k_out)
         passes = digit_passes(tuple(self._overrides.get("DIGITS", DIGITS)))
@@ -315,8 +315,9 @@ class StableTopkLauncher(LauncherBase):
         rank_block = min(rank_block, kp)
         common.pop("CHUNK")
         radix_rank_kernel[(rows, cdiv(k_out, rank_block))](
-            flat, n, k_out, hist, counter, ws["sel"], vals, idx, out["entries"], out["width"], KP=ws["sel"].shape[1],
-            RANK_BLOCK=rank_block, CMP_BLOCK=min(cmp_block, ws["sel"].shape[1]), LISTED=listed, **common)
+            flat, n, k_out, hist, counter, ws["sel"], vals, idx, out["entries"], out["width"],
+            KP=ws["sel"].shape[1], RANK_BLOCK=rank_block, CMP_BLOCK=min(cmp_block, ws["sel"].shape[1]),
+            LISTED=listed, **common)
         return idx.view(*lead, width) if listed else (vals.view(*lead, k_out), idx.view(*lead, k_out))
 
     def _pow2(self, name: str, default: int) -> int:

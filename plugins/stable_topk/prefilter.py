@@ -180,8 +180,8 @@ def prefilter_collect_live_kernel(scores_ptr, N, M, bm_ptr, live_ptr, hist, stat
 
 
 @triton.jit
-def _write_ties(scores_ptr, vals_ptr, idx_ptr, prog_eq, tval, row, N, k, g, need, c, n_chunks, entries_ptr, W,
-                CHUNK: tl.constexpr, PP: tl.constexpr, LISTED: tl.constexpr):
+def _write_ties(scores_ptr, vals_ptr, idx_ptr, prog_eq, tval, row, N, k, g, need, c, n_chunks,
+                entries_ptr, W, CHUNK: tl.constexpr, PP: tl.constexpr, LISTED: tl.constexpr):
     """Chunk c's entries equal to T among the first `need` of them in index order (the chunks
     before it hold prog_eq of them each), written at places g and on."""
     pp = tl.arange(0, PP)
@@ -194,8 +194,8 @@ def _write_ties(scores_ptr, vals_ptr, idx_ptr, prog_eq, tval, row, N, k, g, need
         eq = ok & (ordered_keys(scores_ptr, row, n, ok, N) == t)
         eq_rank = before + tl.cumsum(eq.to(tl.int32), axis=0) - 1
         put = eq & (eq_rank < need)
-        write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, g + eq_rank, n.to(tl.int64), put, entries_ptr, W,
-                    LISTED)
+        write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, g + eq_rank, n.to(tl.int64), put,
+                    entries_ptr, W, LISTED)
 
 
 @triton.jit
