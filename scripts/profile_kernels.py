@@ -113,8 +113,14 @@ def timeline(fn, replays: int = 5) -> list[tuple[str, float, float]]:
         for _ in range(replays):
             graph.replay()
         torch.cuda.synchronize()
-    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                     if e.device_type == torch.autograd.DeviceType.CUDA)
+    return middle_replay([(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                          if e.device_type == torch.autograd.DeviceType.CUDA], replays)
+
+
+def middle_replay(kernels: list[tuple[float, float, str]], replays: int) -> list[tuple[str, float, float]]:
+    """The kernels (start, end, name) of `replays` replays of one graph, in start order, cut into
+    replays of equal count: the middle one as (name, start, duration), starts from its first."""
+    kernels = sorted(kernels)
     per = len(kernels) // replays
     if per == 0 or per * replays != len(kernels):
         raise RuntimeError(f"the profile holds {len(kernels)} kernels for {replays} replays")
@@ -123,13 +129,16 @@ def timeline(fn, replays: int = 5) -> list[tuple[str, float, float]]:
     return [(name, start - t0, end - start) for start, end, name in mine]
 
 
-def log_timeline(rows: list[tuple[str, float, float]]) -> None:
-    end = 0.0
-    busy = 0.0
-    for name, start, dur in rows:
-        log.info("%8.2f us  %7.2f us  gap %5.2f us  %s", start, dur, start - end if end else 0.0, name[:70])
+def timeline_lines(rows: list[tuple[str, float, float]]) -> list[str]:
+    """One line per kernel (start, time, the gap since the kernel before it ended: negative where
+    it started early, under programmatic dependent launch) and a total: the replay's span, the
+    kernels' summed times and the difference."""
+    lines, end, busy = [], 0.0, 0.0
+    for i, (name, start, dur) in enumerate(rows):
+        lines.append(f"{start:8.2f} us  {dur:7.2f} us  gap {start - end if i else 0.0:6.2f} us  {name[:70]}")
         end, busy = start + dur, busy + dur
-    log.info("replay %.2f us: kernels %.2f us, gaps %.2f us, %d kernels", end, busy, end - busy, len(rows))
+    lines.append(f"replay {end:.2f} us: kernels {busy:.2f} us, gaps {end - busy:.2f} us, {len(rows)} kernels")
+    return lines
 
 
 CASES = {"mhc8192": lambda g: mhc(8192, g), "mhc1": lambda g: mhc(1, g),
@@ -160,7 +169,8 @@ def main() -> None:
     fn()  # compile and allocate outside the profile
     torch.cuda.synchronize()
     if args.timeline:
-        log_timeline(timeline(fn))
+        for line in timeline_lines(timeline(fn)):
+            log.info("%s", line)
         return
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if args.kernel_times \
             else contextlib.nullcontext() as prof:
