@@ -74,6 +74,10 @@ if [ "$bench" = 1 ]; then
   python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\]" | tail -36
   python3 scripts/bench_layer_batch.py --out "$OUT" 2>&1 | tee "$OUT/bench_layer_batch.log" \
     | grep -v "it/s\]" | tail -8
+  # one replay of the listed Reindex layer at 32 rows, kernel by kernel with the gaps between them
+  # (docs, session 46: where the layer's time goes)
+  python3 scripts/profile_kernels.py --case layer_listed_fp4_b32 --timeline 2>&1 \
+    | tee "$OUT/timeline_listed_fp4_b32.log" | tail -1
   # the listed FP4 index kernel over five patterns of ids and its reads alone: what bounds it
   # (docs, sessions 42-43); the listed kernels at other pipeline depths against their defaults
   python3 scripts/index_fp4_ablation.py --out "$OUT" 2>&1 | tee "$OUT/index_fp4_ablation.log" | tail -4
