@@ -952,20 +952,21 @@ def _block_max_cases(gen) -> dict:
 
 @pytest.mark.parametrize("case", ["ascending", "sparse ties", "equal run", "all equal", "all -inf"])
 @pytest.mark.parametrize("block", [2, 8, 32])
-@pytest.mark.parametrize("pass_launch", ["fused", "each"])
+@pytest.mark.parametrize("pass_launch", ["fused", "each", "fused-4-warps"])
 def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block, pass_launch):
     """The block-max form against the stable sort, bit for bit, where it works hardest: the k best
     in the last blocks (the most entries above the k-th block maximum, (k - 1) x BLOCK, several
     strides of the rank programs), ties of the k-th best spread over chunks (written after the
     entries above it, in index order), a run of equal best scores, all equal, all -inf; one
     launcher for all of them, so a stale count or histogram would show; the digit passes over the
-    maxima in one program per row and in a launch each."""
+    maxima in one program per row (4 and 8 warps) and in a launch each."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
     scores, k = _block_max_cases(gen)[case]
     launcher = topk_kernel.StableTopkLauncher(overrides={"FORM": "prefilter", "BLOCK": block, "CHUNK": 256,
-                                                         "RANK_BLOCK": 2, "PASS_LAUNCH": pass_launch})
+                                                         "RANK_BLOCK": 2, "PASS_LAUNCH": pass_launch[:5],
+                                                         "PASS_WARPS": 4 if "4" in pass_launch else 8})
     assert launcher._form(scores.shape[-1], k, block, scores.shape[0]) == ("prefilter", block)
     want_v, want_i = topk_ref.stable_topk(scores, k)
     for _ in range(2):
@@ -1067,8 +1068,8 @@ def test_stable_topk_picks_its_form_by_blocks():
     or many); a listed pool of 16K (1,024 blocks of 16, 2,048 of 8) takes the radix form on fewer
     than SMALL_BLOCK_ROWS rows and the block-max form over blocks of 8 from there, unless BLOCK is
     set; a forced form it cannot serve (fewer than k blocks) falls back to the radix form; a bad
-    FORM, BLOCK, CHUNK, COLLECT, LIVE_BLOCKS, RANK_BLOCK, CMP_BLOCK, BM_CHUNK, TIES or PASS_LAUNCH is
-    refused before any launch, naming it."""
+    FORM, BLOCK, CHUNK, COLLECT, LIVE_BLOCKS, RANK_BLOCK, CMP_BLOCK, BM_CHUNK, TIES, PASS_LAUNCH,
+    PASS_WARPS or RANK_COVER is refused before any launch, naming it."""
     from dsflash.plugins.stable_topk.kernel import PREFILTER_BLOCK, SMALL_BLOCK_ROWS, StableTopkLauncher
 
     auto, forced = StableTopkLauncher(), StableTopkLauncher(overrides={"FORM": "prefilter"})
@@ -1099,6 +1100,8 @@ def test_stable_topk_picks_its_form_by_blocks():
         StableTopkLauncher(overrides={"BM_CHUNK": 24, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="TIES must be 'chunk' or 'rank', got 'all'"):
         StableTopkLauncher(overrides={"TIES": "all", "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
+    with pytest.raises(ValueError, match="PASS_WARPS must be a power of two, got 6"):
+        StableTopkLauncher(overrides={"PASS_WARPS": 6, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="RANK_COVER must be 1, 2 or 4, got 3"):
         StableTopkLauncher(overrides={"RANK_COVER": 3, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="PASS_LAUNCH must be 'fused' or 'each', got 'one'"):

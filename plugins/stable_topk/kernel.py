@@ -211,13 +211,14 @@ class StableTopkLauncher(LauncherBase):
     per step of the live collect), BM_CHUNK (blocks per program of its first launch) and TIES
     ('chunk' or 'rank': which programs of the rank launch write the entries tied at T) and
     PASS_LAUNCH ('fused' or 'each': the digit passes over the maxima in one launch or a launch each)
-    and RANK_COVER (its rank launch's programs for RANK_COVER x k candidates)."""
+    with PASS_WARPS (the fused launch's warps), and RANK_COVER (its rank launch's programs for
+    RANK_COVER x k candidates)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
     # the override names the launcher reads (the docstring's list), for callers that check theirs
     OVERRIDES = frozenset({"DIGITS", "CHUNK", "num_warps", "MAX_K", "RANK_BLOCK", "CMP_BLOCK", "PDL",
                            "SKIP_IDLE", "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES",
-                           "PASS_LAUNCH", "RANK_COVER"})
+                           "PASS_LAUNCH", "PASS_WARPS", "RANK_COVER"})
 
     def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
         def fits(ws):
@@ -413,6 +414,13 @@ class StableTopkLauncher(LauncherBase):
         # RANK_COVER x k candidates take one round (programs past G exit at once)
         cover = self._overrides.get("RANK_COVER", 2)
         require(cover in (1, 2, 4), f"StableTopk: RANK_COVER must be 1, 2 or 4, got {cover!r}")
+        # warps of the fused passes' program. Chosen from the sm_90 build at 2,048 maxima, not yet
+        # timed: its code is mostly tl.histogram's ballots and popcounts, unrolled over the maxima
+        # a thread holds. 4 warps: 3,560 SASS instructions a thread (114 registers), one warp per
+        # scheduler to issue them with nothing to hide its stalls behind; 8 warps: 1,952 (80
+        # registers), two per scheduler, about as many issue slots in all; 16: 1,368, four per
+        # scheduler, 1.5x the slots. No spills in any; 41 barriers in each
+        pass_warps = self._pow2("PASS_WARPS", 8)
         cap = k_out * block  # above (k - 1) x block entries cannot be above T (prefilter.py)
         # blocks per program of the first launch: as many scores as a digit pass's program reads.
         # At 64 rows of 128K it read its 32 MB at 2.4 TB/s (13.5 us, session 24): BM_CHUNK sweeps
@@ -449,7 +457,7 @@ class StableTopkLauncher(LauncherBase):
         if self._pass_launch(m, passes) == "fused":
             maxima_passes_kernel[(rows,)](
                 bm, m, hist, state, WIDTHS=sum(bits << (4 * i) for i, (_, bits) in enumerate(passes)),
-                MP=next_pow2(m), **common)
+                MP=next_pow2(m), **(common | {"num_warps": pass_warps}))
         else:
             for i, (shift, bits) in enumerate(passes[1:], start=1):
                 radix_digit_pass_kernel[(rows, cdiv(m, pass_chunk))](
