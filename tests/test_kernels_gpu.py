@@ -68,7 +68,7 @@ def test_listed_pool_scores_and_picks_flash_sizes(gen, rows):
     the newest partial block included): the pooled kernel meets the reference, its scores are the
     mask-form kernel's bits at every listed entry (one row: 64-entry blocks; 40 rows: the pipelined
     launch; 64 rows: its key copies two blocks ahead), and the top-k over the list picks what the
-    top-k over all entries picks."""
+    top-k over all entries picks, as two ops and as the listed top-k's one launcher call."""
     from dsflash.model import csa2_ops
     from dsflash.plugins.csa2_index_score.pooled import (csa2_index_score_pooled, listed_pipelined_config,
                                                           listed_pipelined_launch)
@@ -99,6 +99,11 @@ def test_listed_pool_scores_and_picks_flash_sizes(gen, rows):
     topk = StableTopkLauncher()
     want = csa2_ops.select_topk(masked, 512, topk=topk)
     assert torch.equal(csa2_ops.select_listed_topk(got, entries.cuda(), 512, n, topk=topk), want)
+    # the model's eager form: the rank launch writes the entry ids (listed_ids; the block-max form
+    # from 16 rows, its passes in one program), and so with a launch per pass and the old rank grid
+    for over in ({}, {"PASS_LAUNCH": "each", "RANK_COVER": 1}, {"PASS_WARPS": 4}):
+        ids = StableTopkLauncher(overrides=over).listed_ids(got, entries.cuda(), 512, min(512, n))
+        assert torch.equal(ids, want), over
 
 
 @pytest.mark.parametrize("over", [{}, {"BLOCK_N": 128, "BLOCKS": 16, "STAGES": 3}], ids=["branch", "pipelined"])
