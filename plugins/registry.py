@@ -240,7 +240,7 @@ class OpSet:
         entry ids itself (StableTopkLauncher.listed_ids: no listed_picks launch); a traced graph
         and the other backends keep the two ops."""
         if self._backend == "triton" and self.use_topk_kernel and not torch.compiler.is_compiling():
-            return self._kernels["listed_topk"](scores_BSP, entries_BSP, k, min(k, n))
+            return self._kernels["listed_topk"](scores_BSP, entries_BSP, k, n)
         return csa2_ops.select_listed_topk(scores_BSP, entries_BSP, k, n, topk=self.stable_topk,
                                            picks=self.listed_picks)
 

@@ -94,7 +94,7 @@ def listed_layer(rows: int, gen, fp4: bool = True):
         return csa2_index_score_pooled(x["iq"], x["iw"], x["ik"], x["list"])
 
     def layer():
-        sel = topk.listed_ids(index(), x["list"], bench.TOPK, bench.TOPK)  # OpSet("triton")'s form
+        sel = topk.listed_ids(index(), x["list"], bench.TOPK, 131072)  # OpSet("triton")'s form
         return attn(x["q"], x["kv"], sel, x["win"], x["wmask"], x["sink"], bench.HEAD_DIM ** -0.5)
 
     return layer

@@ -215,26 +215,27 @@ def test_stable_topk_listed_ids_are_the_two_ops(gen, form, k, p):
     launcher = topk_kernel.StableTopkLauncher(overrides=over)
     want = csa2_ops.select_listed_topk(scores, entries, k, n)
     for _ in range(2):
-        got = launcher.listed_ids(*_dev(scores, entries), k, min(k, n))
+        got = launcher.listed_ids(*_dev(scores, entries), k, n)
         assert got.dtype == torch.int64 and torch.equal(got.cpu(), want)
         _assert_topk_workspaces_cleared(launcher)
 
 
 def test_stable_topk_listed_ids_refuse_bad_input(gen):
-    """Entries of another shape or dtype, a width under the top-k's columns, scores not [B, S, P]:
-    a ValueError naming them before any launch."""
+    """Entries of another shape or dtype, a list longer than the entries it lists from (its k
+    picks past min(k, n) columns), scores not [B, S, P]: a ValueError naming them before any
+    launch."""
     from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
 
     scores, entries = _listed_case(gen, 2, 64, 40, 500)
     launcher = StableTopkLauncher()
     with pytest.raises(ValueError, match=r"entries \(2, 1, 63\) must match the scores \(2, 1, 64\)"):
-        launcher.listed_ids(*_dev(scores, entries[..., :63]), 8, 8)
+        launcher.listed_ids(*_dev(scores, entries[..., :63]), 8, 500)
     with pytest.raises(ValueError, match="entries has dtype torch.float32"):
-        launcher.listed_ids(*_dev(scores, entries.float()), 8, 8)
-    with pytest.raises(ValueError, match="width 7 < the top-k's 8 columns"):
+        launcher.listed_ids(*_dev(scores, entries.float()), 8, 500)
+    with pytest.raises(ValueError, match="a list of 64 entries over n = 7: the top-k's 8 columns exceed"):
         launcher.listed_ids(*_dev(scores, entries), 8, 7)
     with pytest.raises(ValueError, match="scores"):
-        launcher.listed_ids(*_dev(scores[:, 0], entries[:, 0]), 8, 8)
+        launcher.listed_ids(*_dev(scores[:, 0], entries[:, 0]), 8, 500)
 
 
 def test_listed_picks_kernel_is_exact(gen):

@@ -240,19 +240,22 @@ class StableTopkLauncher(LauncherBase):
         return self._select(scores, k)
 
     def listed_ids(self, scores_BSP: torch.Tensor, entries_BSP: torch.Tensor, k: int,
-                   width: int) -> torch.Tensor:
-        """model/csa2_ops.py:select_listed_topk's result for a listed pool's scores [B, S, P] and
-        its ids [B, S, P] (int32 / int64), width = min(k, N): the top-k's picks as entry ids [B, S,
-        width] int64, -1 for padding picked and past the top-k's min(k, P) columns. The rank
-        launch writes the ids itself, where the top-k and then listed_picks would take a launch
-        more (and its wait) and a round trip of the values and positions."""
+                   n: int) -> torch.Tensor:
+        """The reference's signature (model/csa2_ops.py:select_listed_topk, its top-k and picks
+        being this launcher's): a listed pool's scores [B, S, P] and its ids [B, S, P] (int32 /
+        int64) over n entries -> the top-k's picks as entry ids [B, S, min(k, n)] int64, -1 for
+        padding picked and past the top-k's min(k, P) columns. The rank launch writes the ids
+        itself, where the top-k and then listed_picks would take a launch more (and its wait) and
+        a round trip of the values and positions. A list can hold at most the n entries (P <= n,
+        as the model sizes it), or its picks would not fit min(k, n) columns."""
         op = "StableTopk(listed)"
         check_shape(op, "scores", scores_BSP, (None, None, None))
         check_dtype(op, "entries", entries_BSP, (torch.int32, torch.int64))
         require(entries_BSP.shape == scores_BSP.shape,
                 f"{op}: entries {tuple(entries_BSP.shape)} must match the scores {tuple(scores_BSP.shape)}")
-        k_out = min(k, scores_BSP.shape[-1])
-        require(width >= k_out, f"{op}: width {width} < the top-k's {k_out} columns")
+        k_out, width = min(k, scores_BSP.shape[-1]), min(k, n)
+        require(width >= k_out, f"{op}: a list of {scores_BSP.shape[-1]} entries over n = {n}: the "
+                f"top-k's {k_out} columns exceed min(k, n) = {width}")
         return self._select(scores_BSP, k, entries_BSP, width)
 
     def _select(self, scores: torch.Tensor, k: int, entries: torch.Tensor | None = None,
