@@ -238,7 +238,7 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
 
 
 def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = (), ranks: list[int] = (),
-                  firsts: list[int] = (), ties: bool = False) -> dict:
+                  firsts: list[int] = (), ties: bool = False, custom: list[dict] = ()) -> dict:
     """Label -> StableTopkLauncher overrides: each chunk with 4 warps, 4 warps without the idle
     skip and 8 warps; each digit split (widths of the passes, most significant first) with the
     launcher's own chunk; with `blocks`, the radix form and the block-max form (prefilter.py) at
@@ -246,8 +246,13 @@ def topk_settings(chunks: list[int], digits: list[tuple], blocks: list[int] = ()
     reading the live blocks only, then the live collect under each rank block (candidates per rank
     program); with `firsts`, the block-max form's first launch at each count of blocks per program
     (BM_CHUNK: 16 blocks of 16 scores are 1 KB per program); with `ties`, its rank launch with the
-    entries tied at T written by programs of their own against by the rank programs."""
+    entries tied at T written by programs of their own against by the rank programs; with `custom`
+    (--topk-sweep), the launcher's defaults and then each set of overrides, labelled by its text."""
     out = {"radix form": {"FORM": "radix"}} if blocks else {}
+    if custom:
+        out["defaults"] = {}
+    for over in custom:
+        out[",".join(f"{k}={v}" for k, v in over.items())] = over
     if ranks:
         out["collect chunk"] = {"COLLECT": "chunk"}
         out["collect live"] = {"COLLECT": "live"}
@@ -287,28 +292,39 @@ def parse_overrides(text: str, known: frozenset = StableTopkLauncher.OVERRIDES, 
 
 
 def topk_sweep(batch: int, ctx: int, gen: torch.Generator, settings: dict,
-               kinds: tuple = ("full", "reindex", "listed")) -> dict:
-    """The top-k's launch settings at a batch (topk_settings), on the index kernel's scores of a
-    Full and of a Reindex layer (mask form: all entries; list form: the pool's), those of `kinds`:
-    at B rows a digit pass launches B x ctx / CHUNK programs, each building a 2^bits-bin histogram.
-    Every setting is checked bit for bit against the stable sort first (NaN: it differed)."""
+               kinds: tuple = ("full", "reindex", "listed"), base: dict | None = None) -> dict:
+    """The top-k's launch settings at a batch (topk_settings, each over the overrides `base`), on
+    the index kernel's scores of a Full and of a Reindex layer (mask form: all entries; list form:
+    the pool's), those of `kinds`: at B rows a digit pass launches B x ctx / CHUNK programs, each
+    building a 2^bits-bin histogram. The listed pool's top-k runs as the model's eager step runs
+    it (listed_ids: entry ids from the rank launch). Every setting is checked bit for bit against
+    the stable sort first (the listed form: against csa2_ops.select_listed_topk; NaN: it
+    differed)."""
     x = layer_inputs(batch, ctx, gen)
     scores = {kind: index_kernel.csa2_index_score(x["iq"], x["iw"], x["ik"], x[vis])
               for kind, vis in (("full", "all"), ("reindex", "pool")) if kind in kinds}
     if "listed" in kinds:
         scores["listed"] = csa2_index_score_pooled(x["iq"], x["iw"], x["ik"], x["list"])
+    entries = x["list"]
     del x
     out = {}
     for kind, s in scores.items():
-        want = stable_topk_reference(s, TOPK)[1]
+        if kind == "listed":
+            want = csa2_ops.select_listed_topk(s, entries, TOPK, ctx)
+        else:
+            want = stable_topk_reference(s, TOPK)[1]
         for name, over in settings.items():
-            topk = StableTopkLauncher(overrides=over)
+            topk = StableTopkLauncher(overrides=(base or {}) | over)
+
+            def run(topk=topk, s=s, kind=kind):
+                return topk.listed_ids(s, entries, TOPK, ctx) if kind == "listed" else topk(s, TOPK)[1]
+
             label = f"{kind} {name}"
-            if not torch.equal(topk(s, TOPK)[1], want):
+            if not torch.equal(run(), want):
                 log.warning("top-k with %s differs from the stable sort (batch %d)", label, batch)
                 out[label] = float("nan")
                 continue
-            out[label] = 1e3 * time_ms(lambda topk=topk, s=s: topk(s, TOPK), graph=True)
+            out[label] = 1e3 * time_ms(run, graph=True)
     return out
 
 
@@ -549,6 +565,10 @@ def main() -> None:
     ap.add_argument("--topk-ties", action="store_true",
                     help="sweep the block-max form's rank launch: the ties at T in programs of their own "
                     "or in the rank programs")
+    ap.add_argument("--topk-sweep", default="",
+                    help="sweep the top-k over the launcher's defaults and these sets of overrides, "
+                    "';'-separated, each as --topk-over (e.g. 'PASS_LAUNCH=each;RANK_COVER=1,PASS_WARPS=4'); "
+                    "all sweeps run over --topk-over's")
     ap.add_argument("--topk-kinds", default="full,reindex,listed",
                     help="the scores the top-k sweeps run on (full, reindex: every entry of 'ctx'; listed: "
                     "a Reindex layer's listed pool)")
@@ -590,6 +610,8 @@ def main() -> None:
         for split in digits:
             digit_passes(split)  # widths 1..11 adding up to 32, or a ValueError naming them
         topk_over = parse_overrides(args.topk_over)
+        topk_custom = [parse_overrides(item, option="--topk-sweep")
+                       for item in filter(None, args.topk_sweep.split(";"))]
         topk_kinds = tuple(filter(None, args.topk_kinds.split(",")))
         if not topk_kinds or set(topk_kinds) - {"full", "reindex", "listed"}:
             raise ValueError(f"--topk-kinds: {args.topk_kinds!r} is not a list of full, reindex, listed")
@@ -608,11 +630,13 @@ def main() -> None:
     topk_blocks = [int(b) for b in filter(None, args.topk_blocks.split(","))]
     topk_ranks = [int(r) for r in filter(None, args.topk_ranks.split(","))]
     topk_firsts = [int(f) for f in filter(None, args.topk_first.split(","))]
-    topk_sweeps = args.topk_chunks or digits or topk_blocks or topk_ranks or topk_firsts or args.topk_ties
+    topk_sweeps = (args.topk_chunks or digits or topk_blocks or topk_ranks or topk_firsts or args.topk_ties
+                   or topk_custom)
     if topk_sweeps:
         chunks = [int(c) for c in filter(None, args.topk_chunks.split(","))]
-        settings = topk_settings(chunks, digits, topk_blocks, topk_ranks, topk_firsts, args.topk_ties)
-        res["topk_sweep_us"] = {f"batch {b} ctx {c}": topk_sweep(b, c, gen, settings, topk_kinds)
+        settings = topk_settings(chunks, digits, topk_blocks, topk_ranks, topk_firsts, args.topk_ties,
+                                 topk_custom)
+        res["topk_sweep_us"] = {f"batch {b} ctx {c}": topk_sweep(b, c, gen, settings, topk_kinds, topk_over)
                                 for c in contexts for b in batches}
         (out / "topk_sweep.json").write_text(json.dumps(res, indent=1))
         for case, times in res["topk_sweep_us"].items():

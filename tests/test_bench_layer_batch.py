@@ -111,6 +111,14 @@ def test_sweep_settings_spell_out_the_launches(bench):
     assert bench.topk_settings([], [], ties=True) == {
         "ties in programs of their own": {"FORM": "prefilter", "TIES": "chunk"},
         "ties in the rank programs": {"FORM": "prefilter", "TIES": "rank"}}
+    # --topk-sweep: the defaults first, then each set of overrides under its own text
+    custom = [bench.parse_overrides(item, option="--topk-sweep")
+              for item in ("PASS_LAUNCH=each", "RANK_COVER=1,PASS_WARPS=4")]
+    assert bench.topk_settings([], [], custom=custom) == {
+        "defaults": {}, "PASS_LAUNCH=each": {"PASS_LAUNCH": "each"},
+        "RANK_COVER=1,PASS_WARPS=4": {"RANK_COVER": 1, "PASS_WARPS": 4}}
+    with pytest.raises(ValueError, match="--topk-sweep: 'PASSES' is not a top-k override"):
+        bench.parse_overrides("PASSES=3", option="--topk-sweep")
     # --topk-over: the layer table's top-k launcher overrides
     assert bench.parse_overrides("TIES=chunk,RANK_BLOCK=16,PDL=False,num_warps=8") == {
         "TIES": "chunk", "RANK_BLOCK": 16, "PDL": False, "num_warps": 8}
