@@ -1126,6 +1126,50 @@ def test_stable_topk_fuses_the_passes_over_a_listed_pools_maxima():
     assert StableTopkLauncher(overrides={"PASS_LAUNCH": "fused"})._pass_launch(8192, default) == "fused"
 
 
+def _order_key(values: torch.Tensor) -> torch.Tensor:
+    """keys.order_key32 of fp32 values, as int64 (the top-k kernels' 32-bit keys)."""
+    bits = values.float().contiguous().view(torch.int32).long() & 0xFFFFFFFF
+    return torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+
+
+@pytest.mark.parametrize("slack", [None, 0, "off"])
+def test_stable_topk_fused_passes_stop_early_and_stay_exact(gen, slack):
+    """The fused passes stop once a digit holds at most EARLY_SLACK blocks more than the k-th best
+    maximum needs (prefilter.maxima_passes_kernel): on random scores the collect's threshold then
+    lies below T, the k-th best block maximum, at a digit's edge; on a row of equal scores every
+    digit holds all the blocks, so every pass runs and the threshold is T itself; "off" runs every
+    pass. The picks are the stable sort's bits in every case, twice (a stale threshold would show)."""
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
+    from dsflash.plugins.stable_topk import reference as topk_ref
+
+    k, block = 64, 8
+    scores = torch.randn(3, 4096, generator=gen)
+    scores[2] = 0.5  # every block's maximum equal
+    over = {"FORM": "prefilter", "BLOCK": block} | ({} if slack is None else {"EARLY_SLACK": slack})
+    launcher = topk_kernel.StableTopkLauncher(overrides=over)
+    assert launcher._pass_launch(4096 // block, topk_kernel.digit_passes(topk_kernel.DIGITS)) == "fused"
+    want_v, want_i = topk_ref.stable_topk(scores, k)
+    for _ in range(2):
+        got_v, got_i = launcher(*_dev(scores), k)
+        assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
+    (ws,) = [ws for key, ws in launcher._ws.items() if "prefilter" in key]
+    t = ws["tval"][:3].cpu()
+    exact = _order_key(scores.view(3, -1, block).amax(-1).sort(-1, descending=True).values[:, k - 1])
+    assert t[2] == exact[2]  # equal maxima: no digit ever narrows the blocks in play
+    if slack == "off":
+        assert torch.equal(t, exact)
+    else:  # stopped at a digit's edge below T (16 or 24 bits of the key known)
+        assert (t[:2] < exact[:2]).all() and ((t[:2] + 1) % 256 == 0).all()
+
+
+def test_stable_topk_refuses_a_bad_early_slack():
+    from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
+
+    for bad in (-1, "never", True, 2.5):
+        with pytest.raises(ValueError, match="EARLY_SLACK must be an int >= 0 or 'off'"):
+            StableTopkLauncher(overrides={"EARLY_SLACK": bad, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
+
+
 @pytest.mark.parametrize("regs, warps, shared, want", [
     (128, 4, 50_000, 4 * 132),   # registers and shared memory both allow 4 per SM
     (24, 4, 0, 16 * 132),        # threads: 2048 / 128 (registers would allow 21)

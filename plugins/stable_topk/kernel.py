@@ -211,14 +211,14 @@ class StableTopkLauncher(LauncherBase):
     per step of the live collect), BM_CHUNK (blocks per program of its first launch) and TIES
     ('chunk' or 'rank': which programs of the rank launch write the entries tied at T) and
     PASS_LAUNCH ('fused' or 'each': the digit passes over the maxima in one launch or a launch each)
-    with PASS_WARPS (the fused launch's warps), and RANK_COVER (its rank launch's programs for
-    RANK_COVER x k candidates)."""
+    with PASS_WARPS (the fused launch's warps) and EARLY_SLACK (its stop: _early_slack), and
+    RANK_COVER (its rank launch's programs for RANK_COVER x k candidates)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
     # the override names the launcher reads (the docstring's list), for callers that check theirs
     OVERRIDES = frozenset({"DIGITS", "CHUNK", "num_warps", "MAX_K", "RANK_BLOCK", "CMP_BLOCK", "PDL",
                            "SKIP_IDLE", "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES",
-                           "PASS_LAUNCH", "PASS_WARPS", "RANK_COVER"})
+                           "PASS_LAUNCH", "PASS_WARPS", "RANK_COVER", "EARLY_SLACK"})
 
     def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
         def fits(ws):
@@ -382,6 +382,16 @@ class StableTopkLauncher(LauncherBase):
                 f"StableTopk: PASS_LAUNCH must be 'fused' or 'each', got {launch!r}")
         return launch if len(passes) <= 8 else "each"
 
+    def _early_slack(self, k_out: int) -> int:
+        """The fused passes' stop (prefilter.maxima_passes_kernel's SLACK): blocks a digit may hold
+        beyond those it needs, or -1 for no stop (every pass, T exact); the override EARLY_SLACK
+        (an int >= 0, or "off") if given. Default k / 16 blocks: at most k / 2 more entries of
+        blocks of 8 to rank, most of them below the digit's range."""
+        slack = self._overrides.get("EARLY_SLACK", max(k_out // 16, 1))
+        require(slack == "off" or (isinstance(slack, int) and not isinstance(slack, bool) and 0 <= slack),
+                f"StableTopk: EARLY_SLACK must be an int >= 0 or 'off', got {slack!r}")
+        return -1 if slack == "off" else min(slack, k_out)
+
     def _block_max_form(self, flat: torch.Tensor, k_out: int, vals: torch.Tensor, idx: torch.Tensor,
                         passes: tuple, chunk: int, block: int, warps: int, rank: tuple[int, int],
                         out: dict) -> None:
@@ -424,7 +434,11 @@ class StableTopkLauncher(LauncherBase):
         # registers), two per scheduler, about as many issue slots in all; 16: 1,368, four per
         # scheduler, 1.5x the slots. No spills in any; 41 barriers in each
         pass_warps = self._pow2("PASS_WARPS", 8)
-        cap = k_out * block  # above (k - 1) x block entries cannot be above T (prefilter.py)
+        fused = self._pass_launch(m, passes) == "fused"
+        slack = self._early_slack(k_out) if fused else -1
+        # above (k - 1) x block entries cannot be above T (prefilter.py); a list of twice that lets
+        # the fused passes stop at a digit of up to k blocks more than it needs (maxima_passes_kernel)
+        cap = k_out * block * (2 if slack >= 0 else 1)
         # blocks per program of the first launch: as many scores as a digit pass's program reads.
         # At 64 rows of 128K it read its 32 MB at 2.4 TB/s (13.5 us, session 24): BM_CHUNK sweeps
         # the bytes per program (bench_layer_batch.py --topk-first)
@@ -457,10 +471,11 @@ class StableTopkLauncher(LauncherBase):
         block_max_pass_kernel[(rows, cdiv(m, bm_chunk))](
             flat, n, m, k_out, hist, state, counter, bm, SHIFT=shift, BITS=bits, CHUNK=bm_chunk, BLOCK=block,
             **common)
-        if self._pass_launch(m, passes) == "fused":
+        if fused:
             maxima_passes_kernel[(rows,)](
-                bm, m, hist, state, WIDTHS=sum(bits << (4 * i) for i, (_, bits) in enumerate(passes)),
-                MP=next_pow2(m), **(common | {"num_warps": pass_warps}))
+                bm, m, k_out, hist, state, ws["tval"], cand_cap,
+                WIDTHS=sum(bits << (4 * i) for i, (_, bits) in enumerate(passes)), MP=next_pow2(m), BLOCK=block,
+                SLACK=slack, **(common | {"num_warps": pass_warps}))
         else:
             for i, (shift, bits) in enumerate(passes[1:], start=1):
                 radix_digit_pass_kernel[(rows, cdiv(m, pass_chunk))](
@@ -472,11 +487,11 @@ class StableTopkLauncher(LauncherBase):
             prefilter_collect_live_kernel[(rows, n_prog)](
                 flat, n, m, bm, live, hist, state, counter, ws["prog_eq"], ws["cand"], ws["tval"], cand_cap,
                 CHUNK=chunk, BLOCK=block, LIVE_BLOCKS=live_blocks,
-                LAST_BITS=passes[-1][1], **common)
+                LAST_BITS=passes[-1][1], T_GIVEN=fused, **common)
         else:
             prefilter_collect_kernel[(rows, n_prog)](
                 flat, n, hist, state, counter, ws["prog_eq"], ws["cand"], ws["tval"], cand_cap, CHUNK=chunk,
-                LAST_BITS=passes[-1][1], **common)
+                LAST_BITS=passes[-1][1], T_GIVEN=fused, **common)
         rank_block, cmp_block = rank
         rank_progs = cdiv(cover * k_out, rank_block)
         tie_progs = 0 if ties_in_rank else n_prog

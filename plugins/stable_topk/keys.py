@@ -53,11 +53,19 @@ def narrowed(hist, state, row, PREV: tl.constexpr, PREV_BITS: tl.constexpr, HIST
     """(prefix, k_rem) after pass PREV: pass PREV's state (the prefix and count it started from)
     narrowed by the digit its finished histogram holds the k_rem-th best entry in. Every program
     of the next launch derives it itself: no program has to wait for the others to finish."""
+    prefix, k_rem, _ = narrowed_count(hist, state, row, PREV, PREV_BITS, HIST_BINS, PASSES)
+    return prefix, k_rem
+
+
+@triton.jit
+def narrowed_count(hist, state, row, PREV: tl.constexpr, PREV_BITS: tl.constexpr, HIST_BINS: tl.constexpr,
+                   PASSES: tl.constexpr):
+    """narrowed's (prefix, k_rem) and the count in the digit chosen (narrow_by_count)."""
     prefix = tl.load(state + (row * PASSES + PREV) * 2, cache_modifier=".cg")
     k_rem = tl.load(state + (row * PASSES + PREV) * 2 + 1, cache_modifier=".cg")
     b = tl.arange(0, 1 << PREV_BITS)
     tot = tl.load(hist + (row * PASSES + PREV) * HIST_BINS + b, cache_modifier=".cg")
-    return narrow_by(tot, prefix, k_rem, 1 << PREV_BITS, PREV_BITS)
+    return narrow_by_count(tot, prefix, k_rem, 1 << PREV_BITS, PREV_BITS)
 
 
 @triton.jit
@@ -65,13 +73,22 @@ def narrow_by(tot, prefix, k_rem, BINS: tl.constexpr, bits):
     """(prefix, k_rem) narrowed by a `bits`-wide digit pass's whole histogram `tot` [BINS] (entries
     in play per digit; BINS >= 2^bits, the bins past 2^bits empty): the digit d that holds the
     k_rem-th best entry joins the prefix, and the entries above d leave the count."""
+    prefix, k_rem, _ = narrow_by_count(tot, prefix, k_rem, BINS, bits)
+    return prefix, k_rem
+
+
+@triton.jit
+def narrow_by_count(tot, prefix, k_rem, BINS: tl.constexpr, bits):
+    """narrow_by's (prefix, k_rem) and the count of entries in the digit d chosen (>= the new
+    k_rem; equal where the k_rem-th best is the last of its digit)."""
     b = tl.arange(0, BINS)
     at_or_above = tl.sum(tot, axis=0) - tl.cumsum(tot, axis=0) + tot  # entries with digit >= b
     above = at_or_above - tot
     pick = (above < k_rem) & (at_or_above >= k_rem)
     d = tl.max(tl.where(pick, b, -1), axis=0)
     above_d = tl.sum(tl.where(b == d, above, 0), axis=0)
-    return (prefix << bits) | d.to(tl.int64), k_rem - above_d.to(tl.int64)
+    in_d = tl.sum(tl.where(b == d, tot, 0), axis=0)
+    return (prefix << bits) | d.to(tl.int64), k_rem - above_d.to(tl.int64), in_d.to(tl.int64)
 
 
 @triton.jit

@@ -12,7 +12,8 @@ Launches (grid (rows, programs) each, none waiting for another inside a launch):
 1. block_max_pass_kernel: the block maxima of each row (written, clamped as the reference sorts)
    and the first digit pass of the radix select over them;
 2. the other digits over the maxima, giving T: one program per row for all of them
-   (maxima_passes_kernel, where a row's maxima fit one program: a listed pool's 2,048), else
+   (maxima_passes_kernel, where a row's maxima fit one program: a listed pool's 2,048; it may stop
+   at a threshold below T once a digit holds few blocks more than it needs, see there), else
    kernel.py's radix_digit_pass_kernel, a launch per digit;
 3. prefilter_collect_live_kernel (from 2 rows) or prefilter_collect_kernel (one row): the
    entries above T into a candidate list (slots from a relaxed atomic counter, unordered) and each
@@ -42,8 +43,9 @@ from dsflash.plugins.stable_topk.keys import (
     BIG,
     chunk_keys,
     clear_histograms,
-    narrow_by,
+    narrow_by_count,
     narrowed,
+    narrowed_count,
     order_key,
     ordered_keys,
     pad_listed_row,
@@ -80,49 +82,76 @@ def block_max_pass_kernel(scores_ptr, N, M, k, hist, state, counter, bm_ptr, SHI
 
 
 @triton.jit
-def maxima_passes_kernel(bm_ptr, M, hist, state, WIDTHS: tl.constexpr, MP: tl.constexpr,
-                         HIST_BINS: tl.constexpr, PASSES: tl.constexpr, PDL: tl.constexpr = False):
+def maxima_passes_kernel(bm_ptr, M, k, hist, state, tval, CAP, WIDTHS: tl.constexpr, MP: tl.constexpr,
+                         BLOCK: tl.constexpr, SLACK: tl.constexpr, HIST_BINS: tl.constexpr,
+                         PASSES: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (rows,): digit passes 1 .. PASSES - 1 over a row's M block maxima bm[row, :M] in one
     program, in place of a launch per pass: each launch boundary of that chain cost ~2-4 us while
     its work over 2,048 maxima is a few histograms (H100, a listed pool at 32 rows: passes 1-3
     ended 8.0 us after the maxima; docs/benchmarks.md, session 46). WIDTHS packs the passes'
     digit widths 4 bits each, pass i at bit 4i. Pass 0's histogram comes from
-    block_max_pass_kernel; the last pass's histogram and state[row, PASSES - 1] are written as
-    the launch per digit would leave them, for the collect launch."""
+    block_max_pass_kernel. It writes the collect launch's threshold t to tval[row] (the collect
+    keeps the entries with keys above t): T, the k-th best maximum's key, after every pass; or,
+    with SLACK >= 0, it stops after the first pass that leaves the k-th best maximum in a digit of
+    at most SLACK blocks more than the k_rem it needs there, whose blocks' entries fit the
+    candidate list of CAP, and t is the key just below that digit's range.
+
+    Why stopping there is exact: with t below T, the entries above t include every entry >= T, at
+    least k of them (at least k blocks have a maximum >= T), so the list holds at least k
+    candidates and the rank picks the k best of them: no ties at t are needed. The list holds
+    entries of the (k - k_rem) blocks above the digit and its in_d blocks only, at most
+    (k - k_rem + in_d) x BLOCK of them. On a listed pool's random scores the second pass (16 bits
+    of the key) leaves a few maxima in the digit: one pass in this program instead of three, and
+    a few more candidates to rank."""
     wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, MP)
     live = j < M
     key = order_key(tl.load(bm_ptr + row * M + j, mask=live, other=0.0, cache_modifier=".cg"))
-    prefix, k_rem = narrowed(hist, state, row, 0, WIDTHS & 15, HIST_BINS, PASSES)
+    prefix, k_rem, in_d = narrowed_count(hist, state, row, 0, WIDTHS & 15, HIST_BINS, PASSES)
+    rem = tl.zeros([], dtype=tl.int64) + (32 - (WIDTHS & 15))  # key bits below the prefix
     shift = 32 - (WIDTHS & 15)
-    b = tl.arange(0, HIST_BINS)
     for i in tl.static_range(1, PASSES):
         bits = (WIDTHS >> (4 * i)) & 15
         shift = shift - bits
-        play = live & ((key >> (shift + bits)) == prefix)
-        digit = ((key >> shift) & ((1 << bits) - 1)).to(tl.int32)
-        h = tl.histogram(digit, HIST_BINS, mask=play)
-        if i == PASSES - 1:
-            tl.store(state + (row * PASSES + i) * 2, prefix)
-            tl.store(state + (row * PASSES + i) * 2 + 1, k_rem)
-            tl.store(hist + (row * PASSES + i) * HIST_BINS + b, h)
-        else:
-            prefix, k_rem = narrow_by(h, prefix, k_rem, HIST_BINS, bits)
+        go = rem > 0
+        if SLACK >= 0:
+            go = go & ((in_d - k_rem > SLACK) | ((k - k_rem + in_d) * BLOCK > CAP))
+        if go:
+            play = live & ((key >> (shift + bits)) == prefix)
+            digit = ((key >> shift) & ((1 << bits) - 1)).to(tl.int32)
+            h = tl.histogram(digit, HIST_BINS, mask=play)
+            prefix, k_rem, in_d = narrow_by_count(h, prefix, k_rem, HIST_BINS, bits)
+            rem = rem - bits
+    tl.store(tval + row, tl.where(rem > 0, (prefix << rem) - 1, prefix))
+
+
+@triton.jit
+def collect_threshold(hist, state, tval, row, p, LAST_BITS: tl.constexpr, HIST_BINS: tl.constexpr,
+                      PASSES: tl.constexpr, T_GIVEN: tl.constexpr):
+    """The collect launches' threshold: T_GIVEN, the one maxima_passes_kernel wrote to tval[row];
+    else T from the last digit pass's histogram, written to tval[row] by the row's first program
+    for the rank launch."""
+    if T_GIVEN:
+        t = tl.load(tval + row, cache_modifier=".cg")
+    else:
+        t, _ = narrowed(hist, state, row, PASSES - 1, LAST_BITS, HIST_BINS, PASSES)
+        if p == 0:
+            tl.store(tval + row, t)
+    return t
 
 
 @triton.jit
 def prefilter_collect_kernel(scores_ptr, N, hist, state, counter, prog_eq, cand, tval, CAP,
                              CHUNK: tl.constexpr, LAST_BITS: tl.constexpr, HIST_BINS: tl.constexpr,
-                             PASSES: tl.constexpr, PDL: tl.constexpr = False):
+                             PASSES: tl.constexpr, T_GIVEN: tl.constexpr = False, PDL: tl.constexpr = False):
     """Grid (rows, chunks): T from the last digit pass over the maxima (into tval[row] for the
-    rank launch), the entries above T into cand[row, :CAP] as keys (score key, reversed index),
-    and the chunk's count of entries equal to T into prog_eq[row, chunk]."""
+    rank launch; T_GIVEN: the threshold maxima_passes_kernel left there), the entries above T into
+    cand[row, :CAP] as keys (score key, reversed index), and the chunk's count of entries equal to
+    T into prog_eq[row, chunk]."""
     wait_for_earlier_grids(PDL)
     row, p, n_prog, n, ok, key = chunk_keys(scores_ptr, N, CHUNK)
-    t, _ = narrowed(hist, state, row, PASSES - 1, LAST_BITS, HIST_BINS, PASSES)
-    if p == 0:
-        tl.store(tval + row, t)
+    t = collect_threshold(hist, state, tval, row, p, LAST_BITS, HIST_BINS, PASSES, T_GIVEN)
     gt = ok & (key > t)
     tl.store(prog_eq + row * n_prog + p, tl.sum((ok & (key == t)).to(tl.int32), axis=0))
     n_mine = tl.sum(gt.to(tl.int32), axis=0)
@@ -138,7 +167,7 @@ def prefilter_collect_kernel(scores_ptr, N, hist, state, counter, prog_eq, cand,
 def prefilter_collect_live_kernel(scores_ptr, N, M, bm_ptr, live_ptr, hist, state, counter, prog_eq, cand, tval,
                                   CAP, CHUNK: tl.constexpr, BLOCK: tl.constexpr, LIVE_BLOCKS: tl.constexpr,
                                   LAST_BITS: tl.constexpr, HIST_BINS: tl.constexpr, PASSES: tl.constexpr,
-                                  PDL: tl.constexpr = False):
+                                  T_GIVEN: tl.constexpr = False, PDL: tl.constexpr = False):
     """prefilter_collect_kernel's outputs (same grid, same CHUNK) from the live blocks only: those
     whose maximum is >= T, since every entry >= T lies in one. A program reads its CHUNK / BLOCK
     maxima, lists its live blocks' numbers in live_ptr[row, p * CHUNK / BLOCK:] (its own part of a
@@ -149,9 +178,7 @@ def prefilter_collect_live_kernel(scores_ptr, N, M, bm_ptr, live_ptr, hist, stat
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     n_prog = tl.num_programs(1)
-    t, _ = narrowed(hist, state, row, PASSES - 1, LAST_BITS, HIST_BINS, PASSES)
-    if p == 0:
-        tl.store(tval + row, t)
+    t = collect_threshold(hist, state, tval, row, p, LAST_BITS, HIST_BINS, PASSES, T_GIVEN)
     NB: tl.constexpr = CHUNK // BLOCK
     j = p * NB + tl.arange(0, NB)
     top = tl.load(bm_ptr + row * M + j, mask=j < M, other=0.0, cache_modifier=".cg")
