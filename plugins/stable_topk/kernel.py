@@ -386,7 +386,10 @@ class StableTopkLauncher(LauncherBase):
         """The fused passes' stop (prefilter.maxima_passes_kernel's SLACK): blocks a digit may hold
         beyond those it needs, or -1 for no stop (every pass, T exact); the override EARLY_SLACK
         (an int >= 0, or "off") if given. Default k / 16 blocks: at most k / 2 more entries of
-        blocks of 8 to rank, most of them below the digit's range."""
+        blocks of 8 to rank, most of them below the digit's range. Not yet timed (session 47: the
+        device time ran out); what it cuts: under the profiler the fused program ran 9.1 us after
+        the maxima at 32 rows of a listed pool (H100, 2026-12-07), nearly all of it the three
+        passes' histograms and barriers, of which the stop typically skips two."""
         slack = self._overrides.get("EARLY_SLACK", max(k_out // 16, 1))
         require(slack == "off" or (isinstance(slack, int) and not isinstance(slack, bool) and 0 <= slack),
                 f"StableTopk: EARLY_SLACK must be an int >= 0 or 'off', got {slack!r}")
@@ -424,15 +427,17 @@ class StableTopkLauncher(LauncherBase):
         # the rank programs take the G candidates RANK_BLOCK at a time, strided; G is known on the
         # GPU only, and is often a little over k (random scores in blocks of 8: ~1.13k), so
         # programs for k alone leave a few of them a second round of the whole chain of loads.
-        # RANK_COVER x k candidates take one round (programs past G exit at once)
+        # RANK_COVER x k candidates take one round (programs past G exit at once). H100 sweep of a
+        # listed pool's top-k (bench_layer_batch.py --topk-sweep, 2026-12-07), us for cover 2 / 1 /
+        # 4: 32 rows 23.1 / 26.2 / 29.1, 64 rows 29.5 / 33.3 / 34.9, 128 rows 48.0 / 57.2
         cover = self._overrides.get("RANK_COVER", 2)
         require(cover in (1, 2, 4), f"StableTopk: RANK_COVER must be 1, 2 or 4, got {cover!r}")
-        # warps of the fused passes' program. Chosen from the sm_90 build at 2,048 maxima, not yet
-        # timed: its code is mostly tl.histogram's ballots and popcounts, unrolled over the maxima
-        # a thread holds. 4 warps: 3,560 SASS instructions a thread (114 registers), one warp per
-        # scheduler to issue them with nothing to hide its stalls behind; 8 warps: 1,952 (80
-        # registers), two per scheduler, about as many issue slots in all; 16: 1,368, four per
-        # scheduler, 1.5x the slots. No spills in any; 41 barriers in each
+        # warps of the fused passes' program: its code is mostly tl.histogram's ballots and
+        # popcounts, unrolled over the maxima a thread holds (sm_90 build at 2,048 maxima: 4 warps
+        # 3,560 SASS instructions a thread, 8 warps 1,952, 16 warps 1,368; no spills). Same H100
+        # sweep, us for 8 / 4 / 16 warps: 32 rows 23.1 / 24.3 / 25.0, 64 rows 29.5 / 30.7 / 31.9
+        # (the passes a launch each: 23.3 and 30.9; 19.3 against 19.8 fused at 16 rows, 49.7
+        # against 48.0 at 128)
         pass_warps = self._pow2("PASS_WARPS", 8)
         fused = self._pass_launch(m, passes) == "fused"
         slack = self._early_slack(k_out) if fused else -1
@@ -474,8 +479,8 @@ class StableTopkLauncher(LauncherBase):
         if fused:
             maxima_passes_kernel[(rows,)](
                 bm, m, k_out, hist, state, ws["tval"], cand_cap,
-                WIDTHS=sum(bits << (4 * i) for i, (_, bits) in enumerate(passes)), MP=next_pow2(m), BLOCK=block,
-                SLACK=slack, **(common | {"num_warps": pass_warps}))
+                WIDTHS=sum(bits << (4 * i) for i, (_, bits) in enumerate(passes)), MP=next_pow2(m),
+                BLOCK=block, SLACK=slack, **(common | {"num_warps": pass_warps}))
         else:
             for i, (shift, bits) in enumerate(passes[1:], start=1):
                 radix_digit_pass_kernel[(rows, cdiv(m, pass_chunk))](
