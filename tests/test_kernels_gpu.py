@@ -100,8 +100,9 @@ def test_listed_pool_scores_and_picks_flash_sizes(gen, rows):
     want = csa2_ops.select_topk(masked, 512, topk=topk)
     assert torch.equal(csa2_ops.select_listed_topk(got, entries.cuda(), 512, n, topk=topk), want)
     # the model's eager form: the rank launch writes the entry ids (listed_ids; the block-max form
-    # from 16 rows, its passes in one program), and so with a launch per pass and the old rank grid
-    for over in ({}, {"PASS_LAUNCH": "each", "RANK_COVER": 1}, {"PASS_WARPS": 4}):
+    # from 16 rows, its passes in one program, stopping early), and so with a launch per pass and
+    # the old rank grid, in 4 warps, and with every pass over the maxima run (no early stop)
+    for over in ({}, {"PASS_LAUNCH": "each", "RANK_COVER": 1}, {"PASS_WARPS": 4}, {"EARLY_SLACK": "off"}):
         ids = StableTopkLauncher(overrides=over).listed_ids(got, entries.cuda(), 512, n)
         assert torch.equal(ids, want), over
 
