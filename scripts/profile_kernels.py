@@ -131,11 +131,14 @@ def middle_replay(kernels: list[tuple[float, float, str]], replays: int) -> list
 
 def timeline_lines(rows: list[tuple[str, float, float]]) -> list[str]:
     """One line per kernel (start, time, the gap since the kernel before it ended: negative where
-    it started early, under programmatic dependent launch) and a total: the replay's span, the
-    kernels' summed times and the difference."""
+    it started early, under programmatic dependent launch; its end, and how long after the kernel
+    before it ended: its own share of the chain where the two overlap) and a total: the replay's
+    span, the kernels' summed times and the difference."""
     lines, end, busy = [], 0.0, 0.0
     for i, (name, start, dur) in enumerate(rows):
-        lines.append(f"{start:8.2f} us  {dur:7.2f} us  gap {start - end if i else 0.0:6.2f} us  {name[:70]}")
+        after = start + dur - end if i else dur
+        lines.append(f"{start:8.2f} us  {dur:7.2f} us  gap {start - end if i else 0.0:6.2f} us  "
+                     f"ends {start + dur:8.2f} us ({after:+.2f})  {name[:70]}")
         end, busy = start + dur, busy + dur
     lines.append(f"replay {end:.2f} us: kernels {busy:.2f} us, gaps {end - busy:.2f} us, {len(rows)} kernels")
     return lines

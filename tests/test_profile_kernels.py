@@ -33,5 +33,6 @@ def test_middle_replay_cuts_the_profile_into_replays(profile):
 
 def test_timeline_lines_count_gaps_and_overlaps(profile):
     lines = profile.timeline_lines([("a", 0.0, 2.0), ("b", 1.0, 4.0), ("c", 6.0, 1.5)])
-    assert "gap  -1.00 us  b" in lines[1] and "gap   1.00 us  c" in lines[2]
+    assert "gap  -1.00 us  ends     5.00 us (+3.00)  b" in lines[1]
+    assert "gap   1.00 us  ends     7.50 us (+2.50)  c" in lines[2] and "(+2.00)  a" in lines[0]
     assert lines[-1] == "replay 7.50 us: kernels 7.50 us, gaps 0.00 us, 3 kernels"
