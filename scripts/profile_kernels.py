@@ -78,14 +78,14 @@ def attention(n: int, gen, rows: int = 1):
     return lambda: launcher(q, kv, idx, win, wmask, sink, bench.HEAD_DIM ** -0.5)
 
 
-def listed_layer(rows: int, gen, fp4: bool = True):
+def listed_layer(rows: int, gen, fp4: bool = True, ctx: int = 131072):
     """bench_layer_batch.py's listed Reindex layer (index over the listed pool, top-k writing the
-    picks' entry ids, attention) at `rows` rows of 128K entries, FP4 index keys on kv_qat
+    picks' entry ids, attention) at `rows` rows of `ctx` entries (128K), FP4 index keys on kv_qat
     queries or bf16 keys."""
     import bench_layer_batch as layers
 
     cuda = torch.Generator(device="cuda").manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
-    x = layers.layer_inputs(rows, 131072, cuda)
+    x = layers.layer_inputs(rows, ctx, cuda)
     attn, topk = attn_kernel.SparseAttentionLauncher(), StableTopkLauncher()
 
     def index():
@@ -94,7 +94,7 @@ def listed_layer(rows: int, gen, fp4: bool = True):
         return csa2_index_score_pooled(x["iq"], x["iw"], x["ik"], x["list"])
 
     def layer():
-        sel = topk.listed_ids(index(), x["list"], bench.TOPK, 131072)  # OpSet("triton")'s form
+        sel = topk.listed_ids(index(), x["list"], bench.TOPK, ctx)  # OpSet("triton")'s form
         return attn(x["q"], x["kv"], sel, x["win"], x["wmask"], x["sink"], bench.HEAD_DIM ** -0.5)
 
     return layer

@@ -1127,7 +1127,8 @@ def test_stable_topk_fuses_the_passes_over_a_listed_pools_maxima():
 
 
 def _order_key(values: torch.Tensor) -> torch.Tensor:
-    """keys.order_key32 of fp32 values, as int64 (the top-k kernels' 32-bit keys)."""
+    """keys.order_key32 of finite fp32 values other than -0.0 (it clamps and maps -0.0 to +0.0
+    first), as int64: an oracle in plain torch for the threshold the kernels leave."""
     bits = values.float().contiguous().view(torch.int32).long() & 0xFFFFFFFF
     return torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits | 0x80000000)
 
