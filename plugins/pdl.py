@@ -74,7 +74,7 @@ def pdl_kernel_specs() -> dict:
     from dsflash.plugins.csa2_sparse_attention import trt_entries_fp4 as entries_trt
     from dsflash.plugins.csa2_sparse_attention import trt_split as attention_split_trt
     from dsflash.plugins.stable_topk import kernel as topk
-    from dsflash.plugins.stable_topk import prefilter, row_collect
+    from dsflash.plugins.stable_topk import prefilter
 
     def constants(cfg: dict) -> dict:
         return {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
@@ -156,12 +156,6 @@ def pdl_kernel_specs() -> dict:
         "topk_block_max_rank_ties": (prefilter.prefilter_rank_kernel, block_max_rank_sig,
                                      {"RANK_PROGS": 32, "RANK_BLOCK": 16, "CMP_BLOCK": 256, "CHUNK": 2048,
                                       "PP": 64, "HIST_BINS": 256, "PASSES": 4, "TIES_IN_RANK": True}),
-        # the launches before the rank in one program per row (row_collect.py, PASS_LAUNCH="row")
-        "topk_row_collect": (row_collect.row_collect_kernel,
-                             {"scores_ptr": "*fp32", "N": "i32", "k": "i32", "bm_ptr": "*fp32", "counter": "*i32",
-                              "prog_eq": "*i32", "cand": "*u64", "tval": "*i64", "CAP": "i32"},
-                             {"WIDTHS": 0x8888, "MP": 2048, "BLOCK": 8, "SLACK": 32, "CHUNK": 2048, "PP": 8,
-                              "STEP": 256, "HIST_BINS": 256, "PASSES": 4}),
         # a listed pool's top-k writing its entry ids (StableTopkLauncher.listed_ids)
         "topk_block_max_rank_listed": (
             prefilter.prefilter_rank_kernel, block_max_rank_sig | {"entries_ptr": "*i32"},

@@ -78,15 +78,15 @@ def attention(n: int, gen, rows: int = 1):
     return lambda: launcher(q, kv, idx, win, wmask, sink, bench.HEAD_DIM ** -0.5)
 
 
-def listed_layer(rows: int, gen, fp4: bool = True, ctx: int = 131072, topk_over: dict | None = None):
+def listed_layer(rows: int, gen, fp4: bool = True, ctx: int = 131072):
     """bench_layer_batch.py's listed Reindex layer (index over the listed pool, top-k writing the
     picks' entry ids, attention) at `rows` rows of `ctx` entries (128K), FP4 index keys on kv_qat
-    queries or bf16 keys; `topk_over`: the top-k launcher's overrides."""
+    queries or bf16 keys."""
     import bench_layer_batch as layers
 
     cuda = torch.Generator(device="cuda").manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
     x = layers.layer_inputs(rows, ctx, cuda)
-    attn, topk = attn_kernel.SparseAttentionLauncher(), StableTopkLauncher(overrides=topk_over)
+    attn, topk = attn_kernel.SparseAttentionLauncher(), StableTopkLauncher()
 
     def index():
         if fp4:
@@ -155,10 +155,7 @@ CASES = {"mhc8192": lambda g: mhc(8192, g), "mhc1": lambda g: mhc(1, g),
          "attn_decode": lambda g: attention(65536, g),
          "attn131072_b64": lambda g: attention(131072, g, rows=64),
          **{f"layer_listed_fp4_b{r}": (lambda g, r=r: listed_layer(r, g)) for r in (1, 16, 32, 64, 128)},
-         **{f"layer_listed_b{r}": (lambda g, r=r: listed_layer(r, g, fp4=False)) for r in (32, 64)},
-         # the top-k's launches before its rank in one program per row (row_collect.py)
-         **{f"layer_listed_fp4_b{r}_row": (lambda g, r=r: listed_layer(r, g, topk_over={"PASS_LAUNCH": "row"}))
-            for r in (32, 64)}}
+         **{f"layer_listed_b{r}": (lambda g, r=r: listed_layer(r, g, fp4=False)) for r in (32, 64)}}
 
 
 def main() -> None:

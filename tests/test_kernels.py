@@ -195,13 +195,13 @@ def _listed_case(gen, rows: int, p: int, pooled: int, n: int):
     return scores.masked_fill(entries < 0, float("-inf")), entries
 
 
-@pytest.mark.parametrize("form", ["radix", "prefilter", "prefilter-each", "prefilter-chunk-ties", "prefilter-row"])
+@pytest.mark.parametrize("form", ["radix", "prefilter", "prefilter-each", "prefilter-chunk-ties"])
 @pytest.mark.parametrize("k,p", [(40, 300), (40, 30), (300, 300)])
 def test_stable_topk_listed_ids_are_the_two_ops(gen, form, k, p):
     """StableTopkLauncher.listed_ids (the rank launch writes entry ids) against
     csa2_ops.select_listed_topk with the reference sort and picks, bit for bit, in both forms (the
     block-max form's passes fused and a launch each, its ties written by the rank programs and by
-    programs of their own; the launches before the rank in one program per row): padding picked where a row's pool is short of k (-1), a list of 300
+    programs of their own): padding picked where a row's pool is short of k (-1), a list of 300
     holding fewer than k = 300 members, a list of P = 30 < k (its 30 columns padded to min(k, N) =
     40), and the tied zeros at the k-th place; twice on one launcher."""
     from dsflash.model import csa2_ops
@@ -211,8 +211,7 @@ def test_stable_topk_listed_ids_are_the_two_ops(gen, form, k, p):
     scores, entries = _listed_case(gen, 3, p, 250 if p > 250 else 20, n)
     over = {"radix": {"FORM": "radix"}, "prefilter": {"FORM": "prefilter", "BLOCK": 2},
             "prefilter-each": {"FORM": "prefilter", "BLOCK": 2, "PASS_LAUNCH": "each"},
-            "prefilter-chunk-ties": {"FORM": "prefilter", "BLOCK": 2, "TIES": "chunk", "CHUNK": 64},
-            "prefilter-row": {"FORM": "prefilter", "BLOCK": 2, "PASS_LAUNCH": "row", "ROW_STEP": 256}}[form]
+            "prefilter-chunk-ties": {"FORM": "prefilter", "BLOCK": 2, "TIES": "chunk", "CHUNK": 64}}[form]
     launcher = topk_kernel.StableTopkLauncher(overrides=over)
     want = csa2_ops.select_listed_topk(scores, entries, k, n)
     for _ in range(2):
@@ -954,28 +953,22 @@ def _block_max_cases(gen) -> dict:
 
 @pytest.mark.parametrize("case", ["ascending", "sparse ties", "equal run", "all equal", "all -inf"])
 @pytest.mark.parametrize("block", [2, 8, 32])
-@pytest.mark.parametrize("pass_launch", ["fused", "each", "fused-4-warps", "row", "row-4-warps-step-8"])
+@pytest.mark.parametrize("pass_launch", ["fused", "each", "fused-4-warps"])
 def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block, pass_launch):
     """The block-max form against the stable sort, bit for bit, where it works hardest: the k best
     in the last blocks (the most entries above the k-th block maximum, (k - 1) x BLOCK, several
     strides of the rank programs), ties of the k-th best spread over chunks (written after the
     entries above it, in index order), a run of equal best scores, all equal, all -inf; one
     launcher for all of them, so a stale count or histogram would show; the digit passes over the
-    maxima in one program per row (4 and 8 warps) and in a launch each, and the launches before
-    the rank in one program per row (row_collect.py; its collect in steps of 256 blocks, and of 8
-    so that the slots run on over many steps)."""
+    maxima in one program per row (4 and 8 warps) and in a launch each."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
     scores, k = _block_max_cases(gen)[case]
-    launch = pass_launch.split("-")[0]
     launcher = topk_kernel.StableTopkLauncher(overrides={"FORM": "prefilter", "BLOCK": block, "CHUNK": 256,
-                                                         "RANK_BLOCK": 2, "PASS_LAUNCH": launch,
-                                                         "PASS_WARPS": 4 if "4" in pass_launch else 8,
-                                                         "ROW_STEP": 8 if "step" in pass_launch else 256})
-    n = scores.shape[-1]
-    assert launcher._form(n, k, block, scores.shape[0]) == ("prefilter", block)
-    assert launcher._pass_launch(-(-n // block), topk_kernel.digit_passes(topk_kernel.DIGITS), block) == launch
+                                                         "RANK_BLOCK": 2, "PASS_LAUNCH": pass_launch[:5],
+                                                         "PASS_WARPS": 4 if "4" in pass_launch else 8})
+    assert launcher._form(scores.shape[-1], k, block, scores.shape[0]) == ("prefilter", block)
     want_v, want_i = topk_ref.stable_topk(scores, k)
     for _ in range(2):
         got_v, got_i = launcher(*_dev(scores), k)
@@ -1077,7 +1070,7 @@ def test_stable_topk_picks_its_form_by_blocks():
     than SMALL_BLOCK_ROWS rows and the block-max form over blocks of 8 from there, unless BLOCK is
     set; a forced form it cannot serve (fewer than k blocks) falls back to the radix form; a bad
     FORM, BLOCK, CHUNK, COLLECT, LIVE_BLOCKS, RANK_BLOCK, CMP_BLOCK, BM_CHUNK, TIES, PASS_LAUNCH,
-    PASS_WARPS, ROW_STEP or RANK_COVER is refused before any launch, naming it."""
+    PASS_WARPS or RANK_COVER is refused before any launch, naming it."""
     from dsflash.plugins.stable_topk.kernel import PREFILTER_BLOCK, SMALL_BLOCK_ROWS, StableTopkLauncher
 
     auto, forced = StableTopkLauncher(), StableTopkLauncher(overrides={"FORM": "prefilter"})
@@ -1110,11 +1103,9 @@ def test_stable_topk_picks_its_form_by_blocks():
         StableTopkLauncher(overrides={"TIES": "all", "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="PASS_WARPS must be a power of two, got 6"):
         StableTopkLauncher(overrides={"PASS_WARPS": 6, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
-    with pytest.raises(ValueError, match="ROW_STEP must be a power of two, got 24"):
-        StableTopkLauncher(overrides={"ROW_STEP": 24, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="RANK_COVER must be 1, 2 or 4, got 3"):
         StableTopkLauncher(overrides={"RANK_COVER": 3, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
-    with pytest.raises(ValueError, match="PASS_LAUNCH must be 'fused', 'each' or 'row', got 'one'"):
+    with pytest.raises(ValueError, match="PASS_LAUNCH must be 'fused' or 'each', got 'one'"):
         StableTopkLauncher(overrides={"PASS_LAUNCH": "one", "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)),
                                                                                   8)
 
@@ -1122,29 +1113,17 @@ def test_stable_topk_picks_its_form_by_blocks():
 def test_stable_topk_fuses_the_passes_over_a_listed_pools_maxima():
     """The digit passes after the first run in one program per row up to FUSED_PASS_BLOCKS maxima
     (a listed pool's 2,048 blocks of 8), a launch each above (a Full layer's 8,192 blocks of 16 at
-    128K) and for schedules past 8 digits, whose widths do not pack; an override wins, and the
-    row form (PASS_LAUNCH="row") is taken where a row fits one program's registers."""
-    from dsflash.plugins.stable_topk.kernel import (
-        FUSED_PASS_BLOCKS,
-        ROW_COLLECT_ENTRIES,
-        StableTopkLauncher,
-        digit_passes,
-    )
+    128K) and for schedules past 8 digits, whose widths do not pack; an override wins."""
+    from dsflash.plugins.stable_topk.kernel import FUSED_PASS_BLOCKS, StableTopkLauncher, digit_passes
 
     auto = StableTopkLauncher()
     default = digit_passes((8, 8, 8, 8))
     assert FUSED_PASS_BLOCKS == 2048 == 16384 // 8
-    assert auto._pass_launch(2048, default, 8) == "fused" and auto._pass_launch(8192, default, 16) == "each"
-    assert auto._pass_launch(2048, digit_passes((4,) * 8), 8) == "fused"
-    assert auto._pass_launch(2048, digit_passes((2,) * 16), 8) == "each"
-    assert StableTopkLauncher(overrides={"PASS_LAUNCH": "each"})._pass_launch(2048, default, 8) == "each"
-    assert StableTopkLauncher(overrides={"PASS_LAUNCH": "fused"})._pass_launch(8192, default, 16) == "fused"
-    # the row form where a row fits one program's registers (ROW_COLLECT_ENTRIES), else the default
-    row = StableTopkLauncher(overrides={"PASS_LAUNCH": "row"})
-    assert ROW_COLLECT_ENTRIES == 16384
-    assert row._pass_launch(2048, default, 8) == "row" and row._pass_launch(1025, default, 16) == "fused"
-    assert row._pass_launch(2048, default, 16) == "fused" and row._pass_launch(16384, default, 8) == "each"
-    assert row._pass_launch(2048, digit_passes((2,) * 16), 8) == "each"
+    assert auto._pass_launch(2048, default) == "fused" and auto._pass_launch(8192, default) == "each"
+    assert auto._pass_launch(2048, digit_passes((4,) * 8)) == "fused"
+    assert auto._pass_launch(2048, digit_passes((2,) * 16)) == "each"
+    assert StableTopkLauncher(overrides={"PASS_LAUNCH": "each"})._pass_launch(2048, default) == "each"
+    assert StableTopkLauncher(overrides={"PASS_LAUNCH": "fused"})._pass_launch(8192, default) == "fused"
 
 
 def _order_key(values: torch.Tensor) -> torch.Tensor:
@@ -1155,11 +1134,9 @@ def _order_key(values: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("slack", [None, 0, "off"])
-@pytest.mark.parametrize("launch", ["fused", "row"])
-def test_stable_topk_fused_passes_stop_early_and_stay_exact(gen, slack, launch):
+def test_stable_topk_fused_passes_stop_early_and_stay_exact(gen, slack):
     """The fused passes stop once a digit holds at most EARLY_SLACK blocks more than the k-th best
-    maximum needs (prefilter.maxima_passes_kernel, and the row form's passes: row_collect.py, which
-    also keys the candidates from its own registers): on random scores the collect's threshold then
+    maximum needs (prefilter.maxima_passes_kernel): on random scores the collect's threshold then
     lies below T, the k-th best block maximum, at a digit's edge; on a row of equal scores every
     digit holds all the blocks, so every pass runs and the threshold is T itself; "off" runs every
     pass. The picks are the stable sort's bits in every case, twice (a stale threshold would show)."""
@@ -1169,10 +1146,9 @@ def test_stable_topk_fused_passes_stop_early_and_stay_exact(gen, slack, launch):
     k, block = 64, 8
     scores = torch.randn(3, 4096, generator=gen)
     scores[2] = 0.5  # every block's maximum equal
-    over = {"FORM": "prefilter", "BLOCK": block, "PASS_LAUNCH": launch} | ({} if slack is None else
-                                                                          {"EARLY_SLACK": slack})
+    over = {"FORM": "prefilter", "BLOCK": block} | ({} if slack is None else {"EARLY_SLACK": slack})
     launcher = topk_kernel.StableTopkLauncher(overrides=over)
-    assert launcher._pass_launch(4096 // block, topk_kernel.digit_passes(topk_kernel.DIGITS), block) == launch
+    assert launcher._pass_launch(4096 // block, topk_kernel.digit_passes(topk_kernel.DIGITS)) == "fused"
     want_v, want_i = topk_ref.stable_topk(scores, k)
     for _ in range(2):
         got_v, got_i = launcher(*_dev(scores), k)

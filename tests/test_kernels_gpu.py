@@ -101,11 +101,8 @@ def test_listed_pool_scores_and_picks_flash_sizes(gen, rows):
     assert torch.equal(csa2_ops.select_listed_topk(got, entries.cuda(), 512, n, topk=topk), want)
     # the model's eager form: the rank launch writes the entry ids (listed_ids; the block-max form
     # from 16 rows, its passes in one program, stopping early), and so with a launch per pass and
-    # the old rank grid, in 4 warps, with every pass over the maxima run (no early stop), and with
-    # the launches before the rank in one program per row (with and without the stop, in steps)
-    for over in ({}, {"PASS_LAUNCH": "each", "RANK_COVER": 1}, {"PASS_WARPS": 4}, {"EARLY_SLACK": "off"},
-                 {"PASS_LAUNCH": "row"}, {"PASS_LAUNCH": "row", "EARLY_SLACK": "off", "ROW_STEP": 64},
-                 {"PASS_LAUNCH": "row", "PASS_WARPS": 16, "ROW_STEP": 512}):
+    # the old rank grid, in 4 warps, and with every pass over the maxima run (no early stop)
+    for over in ({}, {"PASS_LAUNCH": "each", "RANK_COVER": 1}, {"PASS_WARPS": 4}, {"EARLY_SLACK": "off"}):
         ids = StableTopkLauncher(overrides=over).listed_ids(got, entries.cuda(), 512, n)
         assert torch.equal(ids, want), over
 
@@ -297,9 +294,7 @@ def decode_attention_inputs(gen, n=131072):
 
 
 TOPK_FORMS = {"radix": {"FORM": "radix"}, "prefilter": {"FORM": "prefilter"},
-              "prefilter, whole chunks": {"FORM": "prefilter", "COLLECT": "chunk"}, "default": {},
-              # the launches before the rank in one program per row, where a row fits (16K, blocks of 8)
-              "prefilter, row form": {"FORM": "prefilter", "BLOCK": 8, "PASS_LAUNCH": "row"}}
+              "prefilter, whole chunks": {"FORM": "prefilter", "COLLECT": "chunk"}, "default": {}}
 
 
 @pytest.mark.parametrize("form", list(TOPK_FORMS))

@@ -84,7 +84,6 @@ from dsflash.plugins.stable_topk.prefilter import (
     prefilter_rank_kernel,
 )
 from dsflash.plugins.stable_topk.reference import stable_topk as stable_topk_reference
-from dsflash.plugins.stable_topk.row_collect import row_collect_kernel
 
 # digit widths of the passes over the 32-bit key, most significant first (the launch default;
 # `DIGITS` in the overrides for a sweep). Up to 11 bits: the last program's histogram arithmetic
@@ -95,9 +94,6 @@ PREFILTER_BLOCK = 16
 # block maxima a row up to which the block-max form runs its digit passes after the first in one
 # program per row (StableTopkLauncher._pass_launch; a listed pool of 16K has 2,048 blocks of 8)
 FUSED_PASS_BLOCKS = 2048
-# entries a row up to which the block-max form may take the row form (row_collect.py: the row in
-# one program's registers, 64 scores a thread at 8 warps)
-ROW_COLLECT_ENTRIES = 16384
 # rows short of 4k blocks of PREFILTER_BLOCK take the block-max form over blocks of half as many
 # from this many rows, where those are 4k (H200 and H100 sweeps in _form)
 SMALL_BLOCK_ROWS = 16
@@ -214,17 +210,15 @@ class StableTopkLauncher(LauncherBase):
     the block-max form's FORM, BLOCK, COLLECT ('live' or 'chunk'), LIVE_BLOCKS (live blocks read
     per step of the live collect), BM_CHUNK (blocks per program of its first launch) and TIES
     ('chunk' or 'rank': which programs of the rank launch write the entries tied at T) and
-    PASS_LAUNCH ('fused' or 'each': the digit passes over the maxima in one launch or a launch each;
-    'row': the launches before the rank in one program per row) with PASS_WARPS (the fused or row
-    launch's warps), EARLY_SLACK (their stop: _early_slack) and ROW_STEP (blocks per step of the
-    row launch's collect), and
+    PASS_LAUNCH ('fused' or 'each': the digit passes over the maxima in one launch or a launch each)
+    with PASS_WARPS (the fused launch's warps) and EARLY_SLACK (its stop: _early_slack), and
     RANK_COVER (its rank launch's programs for RANK_COVER x k candidates)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
     # the override names the launcher reads (the docstring's list), for callers that check theirs
     OVERRIDES = frozenset({"DIGITS", "CHUNK", "num_warps", "MAX_K", "RANK_BLOCK", "CMP_BLOCK", "PDL",
                            "SKIP_IDLE", "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES",
-                           "PASS_LAUNCH", "PASS_WARPS", "RANK_COVER", "EARLY_SLACK", "ROW_STEP"})
+                           "PASS_LAUNCH", "PASS_WARPS", "RANK_COVER", "EARLY_SLACK"})
 
     def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
         def fits(ws):
@@ -376,31 +370,40 @@ class StableTopkLauncher(LauncherBase):
             form = "prefilter" if blocks >= 4 * k_out else "radix"
         return (form if blocks >= k_out else "radix"), block
 
-    def _pass_launch(self, m: int, passes: tuple, block: int) -> str:
-        """How the block-max form runs its digit passes after the first over a row's m maxima of
-        blocks of `block`: "fused" (prefilter.maxima_passes_kernel: one program per row holds them
-        all and does every pass), "each" (a launch per digit, programs over chunks of the maxima)
-        or "row" (row_collect.py: one program per row for the maxima, every pass and the collect,
-        where a row fits its registers: ROW_COLLECT_ENTRIES, else the default); the override
+    def _pass_launch(self, m: int, passes: tuple) -> str:
+        """How the block-max form runs its digit passes after the first over a row's m maxima:
+        "fused" (prefilter.maxima_passes_kernel: one program per row holds them all and does every
+        pass) or "each" (a launch per digit, programs over chunks of the maxima); the override
         PASS_LAUNCH if given. Fused by default up to FUSED_PASS_BLOCKS maxima a row (a listed
         pool's 2,048 blocks of 8), for schedules of up to 8 digits (their widths pack into one
-        32-bit constant)."""
-        default = "fused" if m <= FUSED_PASS_BLOCKS else "each"
-        launch = self._overrides.get("PASS_LAUNCH", default)
-        require(launch in ("fused", "each", "row"),
-                f"StableTopk: PASS_LAUNCH must be 'fused', 'each' or 'row', got {launch!r}")
-        if launch == "row" and next_pow2(m) * block > ROW_COLLECT_ENTRIES:
-            launch = default
+        32-bit constant).
+
+        Measured and dropped (session 48, commit e38b4bb): a "row" launch, one program per row of
+        up to 16K entries (8 warps) for the maxima, every digit pass and the collect, keying the
+        candidates from its registers with slots from a scan over the block counts (no atomics),
+        so the rank was the only other launch. Exact (H100: the GPU top-k and listed tests, 111
+        passed), and slower: 27.4 us against 22.1 at 32 rows of a listed pool, 32.6 against 27.3 at
+        64, 49.3 against 45.9 at 128 (the best of 4 / 8 / 16 warps and collect steps of 128 / 256 /
+        512 blocks: 26.3 / 30.7 / 47.6); under the profiler it ended 28.7 us after the index, where
+        the three launches it replaced end 14.4 us after it. As session 37's one-program form
+        (_form), one SM per row runs the scans and histograms that the launches spread over all of
+        them (docs/benchmarks.md, session 48)."""
+        launch = self._overrides.get("PASS_LAUNCH", "fused" if m <= FUSED_PASS_BLOCKS else "each")
+        require(launch in ("fused", "each"),
+                f"StableTopk: PASS_LAUNCH must be 'fused' or 'each', got {launch!r}")
         return launch if len(passes) <= 8 else "each"
 
     def _early_slack(self, k_out: int) -> int:
         """The fused passes' stop (prefilter.maxima_passes_kernel's SLACK): blocks a digit may hold
         beyond those it needs, or -1 for no stop (every pass, T exact); the override EARLY_SLACK
         (an int >= 0, or "off") if given. Default k / 16 blocks: at most k / 2 more entries of
-        blocks of 8 to rank, most of them below the digit's range. Not yet timed (session 47: the
-        device time ran out); what it cuts: under the profiler the fused program ran 9.1 us after
-        the maxima at 32 rows of a listed pool (H100, 2026-12-07), nearly all of it the three
-        passes' histograms and barriers, of which the stop typically skips two."""
+        blocks of 8 to rank, most of them below the digit's range. Under the profiler the fused
+        program without it ran 9.1 us after the maxima at 32 rows of a listed pool (H100, session
+        47), nearly all of it the three passes' histograms and barriers, of which the stop
+        typically skips two; with it 5.4-5.5 us. H100 sweep of a listed pool's top-k (16K, k = 512;
+        bench_layer_batch.py --topk-sweep, session 48), us for k / 16 (default) / off / 0 / 128 blocks:
+        16 rows 17.1 / 20.3 / 19.2 / 17.1, 32 rows 22.0 / 24.5 / 24.4 / 22.0, 64 rows 27.3 / 32.6 /
+        31.0 / 28.7, 128 rows 45.8 / 47.6 / 46.8 / 49.0."""
         slack = self._overrides.get("EARLY_SLACK", max(k_out // 16, 1))
         require(slack == "off" or (isinstance(slack, int) and not isinstance(slack, bool) and 0 <= slack),
                 f"StableTopk: EARLY_SLACK must be an int >= 0 or 'off', got {slack!r}")
@@ -450,11 +453,7 @@ class StableTopkLauncher(LauncherBase):
         # (the passes a launch each: 23.3 and 30.9; 19.3 against 19.8 fused at 16 rows, 49.7
         # against 48.0 at 128)
         pass_warps = self._pow2("PASS_WARPS", 8)
-        # blocks per step of the row form's collect: 256 at 8 warps take 92 registers a thread, 512
-        # 128 (sm_90 build; a whole row of 2,048 at once spills)
-        row_step = min(self._pow2("ROW_STEP", 256), next_pow2(m))
-        launch = self._pass_launch(m, passes, block)
-        fused = launch in ("fused", "row")
+        fused = self._pass_launch(m, passes) == "fused"
         slack = self._early_slack(k_out) if fused else -1
         # above (k - 1) x block entries cannot be above T (prefilter.py); a list of twice that lets
         # the fused passes stop at a digit of up to k blocks more than it needs (maxima_passes_kernel)
@@ -482,37 +481,10 @@ class StableTopkLauncher(LauncherBase):
                     "cand": torch.empty(r, next_pow2(cap), dtype=torch.uint64, device=flat.device)}
 
         ws = self._reuse_or_make((flat.device, passes, "prefilter"), fits, make)
-        hist, counter, cand_cap = ws["hist"], ws["counter"], ws["cand"].shape[1]
+        hist, state, counter = ws["hist"], ws["state"], ws["counter"]
+        cand_cap = ws["cand"].shape[1]
         common = dict(HIST_BINS=bins, PASSES=len(passes), num_warps=warps,
                       **pdl_launch_args(flat.device, self._overrides))
-        rank_block, cmp_block = rank
-        rank_progs = cdiv(cover * k_out, rank_block)
-        tie_progs = 0 if ties_in_rank else n_prog
-        widths = sum(bits << (4 * i) for i, (_, bits) in enumerate(passes))
-        if launch == "row":
-            row_collect_kernel[(rows,)](
-                flat, n, k_out, ws["bm"], counter, ws["prog_eq"], ws["cand"], ws["tval"], cand_cap,
-                WIDTHS=widths, MP=next_pow2(m), BLOCK=block, SLACK=slack, CHUNK=chunk, PP=next_pow2(n_prog),
-                STEP=row_step, **(common | {"num_warps": pass_warps}))
-        else:
-            self._launches_before_rank(flat, ws, m, k_out, passes, chunk, block, fused, slack, widths,
-                                       (bm_chunk, pass_chunk, pass_warps, live_blocks, collect), common)
-        prefilter_rank_kernel[(rows, rank_progs + tie_progs)](
-            flat, n, k_out, hist, counter, ws["prog_eq"], ws["cand"], ws["tval"], vals, idx, cand_cap,
-            out["entries"], out["width"], RANK_PROGS=rank_progs, RANK_BLOCK=rank_block, CMP_BLOCK=cmp_block,
-            CHUNK=chunk, PP=next_pow2(n_prog), TIES_IN_RANK=ties_in_rank, LISTED=out["listed"], **common)
-
-    def _launches_before_rank(self, flat: torch.Tensor, ws: dict, m: int, k_out: int, passes: tuple, chunk: int,
-                              block: int, fused: bool, slack: int, widths: int, sizes: tuple,
-                              common: dict) -> None:
-        """The block-max form's launches before its rank (prefilter.py) other than the row form's:
-        block maxima + pass 0, the other passes (in one program per row where `fused`, else a
-        launch each), the collect. `sizes`: (blocks per first-launch program, maxima per pass
-        program, the fused program's warps, live blocks per collect step, collect form)."""
-        rows, n = flat.shape
-        bm_chunk, pass_chunk, pass_warps, live_blocks, collect = sizes
-        hist, state, counter, cand_cap = ws["hist"], ws["state"], ws["counter"], ws["cand"].shape[1]
-        n_prog = cdiv(n, chunk)
         bm = ws["bm"].view(-1)[:rows * m]  # dense [rows, m]: the kernels index it so
         shift, bits = passes[0]
         block_max_pass_kernel[(rows, cdiv(m, bm_chunk))](
@@ -520,7 +492,8 @@ class StableTopkLauncher(LauncherBase):
             **common)
         if fused:
             maxima_passes_kernel[(rows,)](
-                bm, m, k_out, hist, state, ws["tval"], cand_cap, WIDTHS=widths, MP=next_pow2(m),
+                bm, m, k_out, hist, state, ws["tval"], cand_cap,
+                WIDTHS=sum(bits << (4 * i) for i, (_, bits) in enumerate(passes)), MP=next_pow2(m),
                 BLOCK=block, SLACK=slack, **(common | {"num_warps": pass_warps}))
         else:
             for i, (shift, bits) in enumerate(passes[1:], start=1):
@@ -538,6 +511,13 @@ class StableTopkLauncher(LauncherBase):
             prefilter_collect_kernel[(rows, n_prog)](
                 flat, n, hist, state, counter, ws["prog_eq"], ws["cand"], ws["tval"], cand_cap, CHUNK=chunk,
                 LAST_BITS=passes[-1][1], T_GIVEN=fused, **common)
+        rank_block, cmp_block = rank
+        rank_progs = cdiv(cover * k_out, rank_block)
+        tie_progs = 0 if ties_in_rank else n_prog
+        prefilter_rank_kernel[(rows, rank_progs + tie_progs)](
+            flat, n, k_out, hist, counter, ws["prog_eq"], ws["cand"], ws["tval"], vals, idx, cand_cap,
+            out["entries"], out["width"], RANK_PROGS=rank_progs, RANK_BLOCK=rank_block, CMP_BLOCK=cmp_block,
+            CHUNK=chunk, PP=next_pow2(n_prog), TIES_IN_RANK=ties_in_rank, LISTED=out["listed"], **common)
 
 
 def batch_chunk(rows: int, n: int, programs: int = 1024) -> int:

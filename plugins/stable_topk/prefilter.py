@@ -109,16 +109,6 @@ def maxima_passes_kernel(bm_ptr, M, k, hist, state, tval, CAP, WIDTHS: tl.conste
     live = j < M
     key = order_key(tl.load(bm_ptr + row * M + j, mask=live, other=0.0, cache_modifier=".cg"))
     prefix, k_rem, in_d = narrowed_count(hist, state, row, 0, WIDTHS & 15, HIST_BINS, PASSES)
-    tl.store(tval + row, later_passes(key, live, prefix, k_rem, in_d, k, CAP, WIDTHS, BLOCK, SLACK, HIST_BINS,
-                                      PASSES))
-
-
-@triton.jit
-def later_passes(key, live, prefix, k_rem, in_d, k, CAP, WIDTHS: tl.constexpr, BLOCK: tl.constexpr,
-                 SLACK: tl.constexpr, HIST_BINS: tl.constexpr, PASSES: tl.constexpr):
-    """maxima_passes_kernel's passes 1 .. PASSES - 1 over the maxima keys [MP] one program holds
-    (`live` masks the real ones), from pass 0's (prefix, k_rem, in_d): the collect's threshold t,
-    T or, with SLACK >= 0, the key below the digit where they stopped (see there)."""
     rem = tl.zeros([], dtype=tl.int64) + (32 - (WIDTHS & 15))  # key bits below the prefix
     shift = 32 - (WIDTHS & 15)
     for i in tl.static_range(1, PASSES):
@@ -133,7 +123,7 @@ def later_passes(key, live, prefix, k_rem, in_d, k, CAP, WIDTHS: tl.constexpr, B
             h = tl.histogram(digit, HIST_BINS, mask=play)
             prefix, k_rem, in_d = narrow_by_count(h, prefix, k_rem, HIST_BINS, bits)
             rem = rem - bits
-    return tl.where(rem > 0, (prefix << rem) - 1, prefix)
+    tl.store(tval + row, tl.where(rem > 0, (prefix << rem) - 1, prefix))
 
 
 @triton.jit
