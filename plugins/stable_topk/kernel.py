@@ -212,13 +212,14 @@ class StableTopkLauncher(LauncherBase):
     ('chunk' or 'rank': which programs of the rank launch write the entries tied at T) and
     PASS_LAUNCH ('fused' or 'each': the digit passes over the maxima in one launch or a launch each)
     with PASS_WARPS (the fused launch's warps) and EARLY_SLACK (its stop: _early_slack), and
-    RANK_COVER (its rank launch's programs for RANK_COVER x k candidates)."""
+    RANK_COVER (its rank launch's programs for RANK_COVER x k candidates) with RANK_WARPS (their
+    warps)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
     # the override names the launcher reads (the docstring's list), for callers that check theirs
     OVERRIDES = frozenset({"DIGITS", "CHUNK", "num_warps", "MAX_K", "RANK_BLOCK", "CMP_BLOCK", "PDL",
                            "SKIP_IDLE", "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES",
-                           "PASS_LAUNCH", "PASS_WARPS", "RANK_COVER", "EARLY_SLACK"})
+                           "PASS_LAUNCH", "PASS_WARPS", "RANK_COVER", "EARLY_SLACK", "RANK_WARPS"})
 
     def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
         def fits(ws):
@@ -446,6 +447,9 @@ class StableTopkLauncher(LauncherBase):
         # 4: 32 rows 23.1 / 26.2 / 29.1, 64 rows 29.5 / 33.3 / 34.9, 128 rows 48.0 / 57.2
         cover = self._overrides.get("RANK_COVER", 2)
         require(cover in (1, 2, 4), f"StableTopk: RANK_COVER must be 1, 2 or 4, got {cover!r}")
+        # warps of a rank program (the launch's num_warps unless set): at 32 rows its 4,096 programs
+        # of 4 warps take two rounds of the SMs' slots, of 2 warps one
+        rank_warps = self._pow2("RANK_WARPS", warps)
         # warps of the fused passes' program: its code is mostly tl.histogram's ballots and
         # popcounts, unrolled over the maxima a thread holds (sm_90 build at 2,048 maxima: 4 warps
         # 3,560 SASS instructions a thread, 8 warps 1,952, 16 warps 1,368; no spills). Same H100
@@ -517,7 +521,8 @@ class StableTopkLauncher(LauncherBase):
         prefilter_rank_kernel[(rows, rank_progs + tie_progs)](
             flat, n, k_out, hist, counter, ws["prog_eq"], ws["cand"], ws["tval"], vals, idx, cand_cap,
             out["entries"], out["width"], RANK_PROGS=rank_progs, RANK_BLOCK=rank_block, CMP_BLOCK=cmp_block,
-            CHUNK=chunk, PP=next_pow2(n_prog), TIES_IN_RANK=ties_in_rank, LISTED=out["listed"], **common)
+            CHUNK=chunk, PP=next_pow2(n_prog), TIES_IN_RANK=ties_in_rank, LISTED=out["listed"],
+            **(common | {"num_warps": rank_warps}))
 
 
 def batch_chunk(rows: int, n: int, programs: int = 1024) -> int:
