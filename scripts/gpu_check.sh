@@ -75,10 +75,12 @@ if [ "$bench" = 1 ]; then
   python3 scripts/bench_layer_batch.py --out "$OUT" 2>&1 | tee "$OUT/bench_layer_batch.log" \
     | grep -v "it/s\]" | tail -8
   # a listed pool's top-k: its defaults against the fused passes with no early stop, with other
-  # stops and with a launch per pass (docs, session 48: the stop 1.11x / 1.19x at 32 / 64 rows)
+  # stops, with a launch per pass, and with rank programs of 4 warps comparing 256 keys (docs,
+  # session 48: the stop 1.11x / 1.19x at 32 / 64 rows; one-warp rank programs 1.03x-1.16x)
   mkdir -p "$OUT/topk_listed"
   python3 scripts/bench_layer_batch.py --out "$OUT/topk_listed" --batches 16,32,64,128 --topk-kinds listed \
-    --topk-sweep "EARLY_SLACK=off;EARLY_SLACK=0;EARLY_SLACK=128;PASS_LAUNCH=each" 2>&1 \
+    --topk-sweep "EARLY_SLACK=off;EARLY_SLACK=0;EARLY_SLACK=128;PASS_LAUNCH=each;RANK_WARPS=4,CMP_BLOCK=256" \
+    2>&1 \
     | tee "$OUT/topk_listed.log" | grep "batch" | tail -4
   # one replay of the listed Reindex layer at 32 rows, kernel by kernel with the gaps between them
   # (docs, session 46: where the layer's time goes)

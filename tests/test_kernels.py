@@ -1129,6 +1129,26 @@ def test_stable_topk_fuses_the_passes_over_a_listed_pools_maxima():
     assert StableTopkLauncher(overrides={"PASS_LAUNCH": "fused"})._pass_launch(8192, default) == "fused"
 
 
+def test_stable_topk_rank_programs_are_one_warp_from_16_rows(gen):
+    """The block-max form's rank programs: one warp comparing 128 keys at a time from
+    RANK_ONE_WARP_ROWS rows (a decode batch), the launch's warps comparing 256 below it, the
+    overrides winning; and 16 rows of a small listed-like case give the stable sort's bits."""
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
+    from dsflash.plugins.stable_topk import reference as topk_ref
+
+    auto = topk_kernel.StableTopkLauncher()
+    assert topk_kernel.RANK_ONE_WARP_ROWS == 16
+    assert auto._rank_shape(16, 4, 256) == auto._rank_shape(128, 4, 256) == (1, 128)
+    assert auto._rank_shape(15, 4, 256) == (4, 256) and auto._rank_shape(1, 8, 64) == (8, 64)
+    over = topk_kernel.StableTopkLauncher(overrides={"RANK_WARPS": 2, "CMP_BLOCK": 32})
+    assert over._rank_shape(64, 4, 32) == (2, 32) and over._rank_shape(2, 4, 32) == (2, 32)
+    scores = torch.relu(torch.randn(16, 1024, generator=gen)).round(decimals=1)
+    launcher = topk_kernel.StableTopkLauncher(overrides={"FORM": "prefilter", "BLOCK": 8})
+    want_v, want_i = topk_ref.stable_topk(scores, 24)
+    got_v, got_i = launcher(*_dev(scores), 24)
+    assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
+
+
 def _order_key(values: torch.Tensor) -> torch.Tensor:
     """keys.order_key32 of finite fp32 values other than -0.0 (it clamps and maps -0.0 to +0.0
     first), as int64: an oracle in plain torch for the threshold the kernels leave."""

@@ -94,6 +94,8 @@ PREFILTER_BLOCK = 16
 # block maxima a row up to which the block-max form runs its digit passes after the first in one
 # program per row (StableTopkLauncher._pass_launch; a listed pool of 16K has 2,048 blocks of 8)
 FUSED_PASS_BLOCKS = 2048
+# rows from which the block-max form's rank programs are one warp each (_block_max_form)
+RANK_ONE_WARP_ROWS = 16
 # rows short of 4k blocks of PREFILTER_BLOCK take the block-max form over blocks of half as many
 # from this many rows, where those are 4k (H200 and H100 sweeps in _form)
 SMALL_BLOCK_ROWS = 16
@@ -213,7 +215,7 @@ class StableTopkLauncher(LauncherBase):
     PASS_LAUNCH ('fused' or 'each': the digit passes over the maxima in one launch or a launch each)
     with PASS_WARPS (the fused launch's warps) and EARLY_SLACK (its stop: _early_slack), and
     RANK_COVER (its rank launch's programs for RANK_COVER x k candidates) with RANK_WARPS (their
-    warps)."""
+    warps: 1 by default from RANK_ONE_WARP_ROWS rows, else num_warps)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
     # the override names the launcher reads (the docstring's list), for callers that check theirs
@@ -290,6 +292,7 @@ class StableTopkLauncher(LauncherBase):
         n_prog = cdiv(n, chunk)
         # keys per rank program: 4 on few rows (H200 at 128K, one row, radix form: 14.3 us; 8 keys
         # 14.8, 16 keys 15.0, 32 keys 16.0), more on many (rank_block_for); compared 256 at a time
+        # (the block-max form's from RANK_ONE_WARP_ROWS rows: 128)
         rank_block = self._pow2("RANK_BLOCK", rank_block_for(rows, k_out))
         cmp_block = self._pow2("CMP_BLOCK", 256)
         flat = scores.contiguous().view(rows, n)
@@ -410,13 +413,22 @@ class StableTopkLauncher(LauncherBase):
                 f"StableTopk: EARLY_SLACK must be an int >= 0 or 'off', got {slack!r}")
         return -1 if slack == "off" else min(slack, k_out)
 
+    def _rank_shape(self, rows: int, warps: int, cmp_block: int) -> tuple[int, int]:
+        """(warps, keys compared at a time) of the block-max form's rank programs over `rows` rows:
+        (1, 128) from RANK_ONE_WARP_ROWS rows, else the launch's (warps, cmp_block); the overrides
+        RANK_WARPS and CMP_BLOCK if given (see _block_max_form)."""
+        if rows < RANK_ONE_WARP_ROWS:
+            return self._pow2("RANK_WARPS", warps), cmp_block
+        return self._pow2("RANK_WARPS", 1), self._pow2("CMP_BLOCK", 128)
+
     def _block_max_form(self, flat: torch.Tensor, k_out: int, vals: torch.Tensor, idx: torch.Tensor,
                         passes: tuple, chunk: int, block: int, warps: int, rank: tuple[int, int],
                         out: dict) -> None:
         """prefilter.py's launches into vals / idx [rows, k_out]. `chunk` (entries per program of
         the collect and tie launches, as the radix form's) also sets the first launch's blocks per
         program (chunk / block maxima: as many scores as a radix pass's program reads); `rank` is
-        the rank launch's (keys per program, keys compared at a time); `out` the listed form's
+        the rank launch's (keys per program, keys compared at a time below RANK_ONE_WARP_ROWS rows);
+        `out` the listed form's
         (entries, width, listed) for it (_select)."""
         rows, n = flat.shape
         m = cdiv(n, block)
@@ -447,9 +459,17 @@ class StableTopkLauncher(LauncherBase):
         # 4: 32 rows 23.1 / 26.2 / 29.1, 64 rows 29.5 / 33.3 / 34.9, 128 rows 48.0 / 57.2
         cover = self._overrides.get("RANK_COVER", 2)
         require(cover in (1, 2, 4), f"StableTopk: RANK_COVER must be 1, 2 or 4, got {cover!r}")
-        # warps of a rank program (the launch's num_warps unless set): at 32 rows its 4,096 programs
-        # of 4 warps take two rounds of the SMs' slots, of 2 warps one
-        rank_warps = self._pow2("RANK_WARPS", warps)
+        # a rank program's warps and keys compared at a time (_rank_shape): from RANK_ONE_WARP_ROWS
+        # rows one warp comparing 128 (an SM holds 32 such programs, so 32 rows' 4,096 fit in one
+        # round of the slots, and the counts add up within the warp: no barrier), else the
+        # launch's num_warps comparing 256. H100 sweeps of a listed pool's top-k (16K, k = 512;
+        # bench_layer_batch.py --topk-sweep, two runs of session 48), us at 16 / 32 / 64 / 128 rows:
+        # 1 warp x 128 14.8 / 21.4 / 25.4 / 40.3, 4 warps x 256 (the former default) 17.1 / 22.0 /
+        # 27.1 / 45.7; 1 x 256 18.3 / 24.7 / 28.2 / 43.9, 1 x 64 15.9 / 20.2 / 28.3 / 44.6, 2 x 256
+        # 18.8 / 22.0 / 28.4 / 47.7, 2 x 128 17.6 / 20.6 / 29.7 / 48.1, 8 x 256 22.7 / 30.0 / 41.8 /
+        # 64.5. Fewer rows keep the former (not measured there: one row's rank is a few programs'
+        # latency)
+        rank_warps, cmp_block = self._rank_shape(rows, warps, rank[1])
         # warps of the fused passes' program: its code is mostly tl.histogram's ballots and
         # popcounts, unrolled over the maxima a thread holds (sm_90 build at 2,048 maxima: 4 warps
         # 3,560 SASS instructions a thread, 8 warps 1,952, 16 warps 1,368; no spills). Same H100
@@ -515,7 +535,7 @@ class StableTopkLauncher(LauncherBase):
             prefilter_collect_kernel[(rows, n_prog)](
                 flat, n, hist, state, counter, ws["prog_eq"], ws["cand"], ws["tval"], cand_cap, CHUNK=chunk,
                 LAST_BITS=passes[-1][1], T_GIVEN=fused, **common)
-        rank_block, cmp_block = rank
+        rank_block = rank[0]
         rank_progs = cdiv(cover * k_out, rank_block)
         tie_progs = 0 if ties_in_rank else n_prog
         prefilter_rank_kernel[(rows, rank_progs + tie_progs)](
