@@ -76,7 +76,7 @@ if [ "$bench" = 1 ]; then
     | grep -v "it/s\]" | tail -8
   # a listed pool's top-k: its defaults against the fused passes with no early stop, with other
   # stops, with a launch per pass, and with rank programs of 4 warps comparing 256 keys (docs,
-  # session 48: the stop 1.11x / 1.19x at 32 / 64 rows; one-warp rank programs 1.03x-1.16x)
+  # session 48: the stop 1.11x / 1.19x at 32 / 64 rows; one-warp rank programs 1.03x-1.15x)
   mkdir -p "$OUT/topk_listed"
   python3 scripts/bench_layer_batch.py --out "$OUT/topk_listed" --batches 16,32,64,128 --topk-kinds listed \
     --topk-sweep "EARLY_SLACK=off;EARLY_SLACK=0;EARLY_SLACK=128;PASS_LAUNCH=each;RANK_WARPS=4,CMP_BLOCK=256" \

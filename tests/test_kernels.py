@@ -981,7 +981,9 @@ def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block, pas
                                   {"BM_CHUNK": 1}, {"BM_CHUNK": 512}, {"TIES": "chunk"},
                                   {"TIES": "rank", "RANK_BLOCK": 64, "CHUNK": 16},
                                   {"RANK_COVER": 1, "RANK_BLOCK": 2}, {"RANK_COVER": 4, "RANK_BLOCK": 2},
-                                  {"RANK_WARPS": 1, "RANK_BLOCK": 16}, {"RANK_WARPS": 2, "CMP_BLOCK": 64}])
+                                  {"RANK_WARPS": 1, "RANK_BLOCK": 16}, {"RANK_WARPS": 2, "CMP_BLOCK": 64},
+                                  {"BM_WARPS": 1, "COLLECT_WARPS": 1}, {"BM_WARPS": 2, "COLLECT": "chunk",
+                                                                        "COLLECT_WARPS": 2}])
 def test_stable_topk_block_max_collect_forms_are_exact(gen, case, over):
     """Both collect launches of the block-max form give the stable sort's bits on the bound cases:
     every chunk read whole ("chunk"), and only the live blocks (the default) listed and read one or
@@ -991,7 +993,8 @@ def test_stable_topk_block_max_collect_forms_are_exact(gen, case, over):
     do the ties at T written by programs of their own, one per chunk (TIES="chunk"; the default
     has the rank programs write them), and by a few rank programs that take every chunk of 16
     entries in turn; and so do rank launches with programs for k and for 4k candidates a round
-    (RANK_COVER; the default 2k), and rank programs of one or two warps (RANK_WARPS)."""
+    (RANK_COVER; the default 2k), and rank programs of one or two warps (RANK_WARPS), and first
+    and collect launches of one or two (BM_WARPS, COLLECT_WARPS)."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
@@ -1071,7 +1074,7 @@ def test_stable_topk_picks_its_form_by_blocks():
     than SMALL_BLOCK_ROWS rows and the block-max form over blocks of 8 from there, unless BLOCK is
     set; a forced form it cannot serve (fewer than k blocks) falls back to the radix form; a bad
     FORM, BLOCK, CHUNK, COLLECT, LIVE_BLOCKS, RANK_BLOCK, CMP_BLOCK, BM_CHUNK, TIES, PASS_LAUNCH,
-    PASS_WARPS, RANK_COVER or RANK_WARPS is refused before any launch, naming it."""
+    PASS_WARPS, RANK_COVER, RANK_WARPS, BM_WARPS or COLLECT_WARPS is refused before any launch, naming it."""
     from dsflash.plugins.stable_topk.kernel import PREFILTER_BLOCK, SMALL_BLOCK_ROWS, StableTopkLauncher
 
     auto, forced = StableTopkLauncher(), StableTopkLauncher(overrides={"FORM": "prefilter"})
@@ -1104,6 +1107,9 @@ def test_stable_topk_picks_its_form_by_blocks():
         StableTopkLauncher(overrides={"TIES": "all", "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="PASS_WARPS must be a power of two, got 6"):
         StableTopkLauncher(overrides={"PASS_WARPS": 6, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
+    for name in ("BM_WARPS", "COLLECT_WARPS"):
+        with pytest.raises(ValueError, match=f"{name} must be a power of two, got 5"):
+            StableTopkLauncher(overrides={name: 5, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="RANK_WARPS must be a power of two, got 3"):
         StableTopkLauncher(overrides={"RANK_WARPS": 3, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="RANK_COVER must be 1, 2 or 4, got 3"):

@@ -210,7 +210,8 @@ class StableTopkLauncher(LauncherBase):
     overlap. Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K, RANK_BLOCK, CMP_BLOCK, PDL
     (False: plain launches), SKIP_IDLE (False: every program of a digit pass builds its histogram);
     the block-max form's FORM, BLOCK, COLLECT ('live' or 'chunk'), LIVE_BLOCKS (live blocks read
-    per step of the live collect), BM_CHUNK (blocks per program of its first launch) and TIES
+    per step of the live collect), BM_CHUNK (blocks per program of its first launch), BM_WARPS and
+    COLLECT_WARPS (the first and the collect launch's warps, num_warps unless set) and TIES
     ('chunk' or 'rank': which programs of the rank launch write the entries tied at T) and
     PASS_LAUNCH ('fused' or 'each': the digit passes over the maxima in one launch or a launch each)
     with PASS_WARPS (the fused launch's warps) and EARLY_SLACK (its stop: _early_slack), and
@@ -221,7 +222,8 @@ class StableTopkLauncher(LauncherBase):
     # the override names the launcher reads (the docstring's list), for callers that check theirs
     OVERRIDES = frozenset({"DIGITS", "CHUNK", "num_warps", "MAX_K", "RANK_BLOCK", "CMP_BLOCK", "PDL",
                            "SKIP_IDLE", "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES",
-                           "PASS_LAUNCH", "PASS_WARPS", "RANK_COVER", "EARLY_SLACK", "RANK_WARPS"})
+                           "PASS_LAUNCH", "PASS_WARPS", "RANK_COVER", "EARLY_SLACK", "RANK_WARPS",
+                           "BM_WARPS", "COLLECT_WARPS"})
 
     def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
         def fits(ws):
@@ -428,8 +430,7 @@ class StableTopkLauncher(LauncherBase):
         the collect and tie launches, as the radix form's) also sets the first launch's blocks per
         program (chunk / block maxima: as many scores as a radix pass's program reads); `rank` is
         the rank launch's (keys per program, keys compared at a time below RANK_ONE_WARP_ROWS rows);
-        `out` the listed form's
-        (entries, width, listed) for it (_select)."""
+        `out` the listed form's (entries, width, listed) for it (_select)."""
         rows, n = flat.shape
         m = cdiv(n, block)
         chunk = max(chunk, block)  # whole blocks per collect program
@@ -442,6 +443,11 @@ class StableTopkLauncher(LauncherBase):
         require(collect in ("live", "chunk"),
                 f"StableTopk: COLLECT must be 'live' or 'chunk', got {collect!r}")
         live_blocks = self._pow2("LIVE_BLOCKS", 32)
+        # warps of the first launch's and the collect's programs (sweeps; the launch's num_warps
+        # unless set). sm_90 builds at 1 / 2 / 4 warps: the live collect (512 entries a program)
+        # 888 / 608 / 488 SASS instructions with 9 / 23 / 23 barriers, the first launch (64 blocks
+        # of 8) 1,648 / 880 / 496 with 3 / 4 / 4: one warp drops most of the collect's barriers
+        bm_warps, collect_warps = self._pow2("BM_WARPS", warps), self._pow2("COLLECT_WARPS", warps)
         # the entries tied at T (needed on rows with fewer than k entries above it) written by one
         # program per chunk ("chunk"), or by the rank programs after their ranks ("rank": the
         # launch holds no program for them; at 64 rows of 128K, 4,096 of its 6,144 are such).
@@ -513,7 +519,7 @@ class StableTopkLauncher(LauncherBase):
         shift, bits = passes[0]
         block_max_pass_kernel[(rows, cdiv(m, bm_chunk))](
             flat, n, m, k_out, hist, state, counter, bm, SHIFT=shift, BITS=bits, CHUNK=bm_chunk, BLOCK=block,
-            **common)
+            **(common | {"num_warps": bm_warps}))
         if fused:
             maxima_passes_kernel[(rows,)](
                 bm, m, k_out, hist, state, ws["tval"], cand_cap,
@@ -530,11 +536,11 @@ class StableTopkLauncher(LauncherBase):
             prefilter_collect_live_kernel[(rows, n_prog)](
                 flat, n, m, bm, live, hist, state, counter, ws["prog_eq"], ws["cand"], ws["tval"], cand_cap,
                 CHUNK=chunk, BLOCK=block, LIVE_BLOCKS=live_blocks,
-                LAST_BITS=passes[-1][1], T_GIVEN=fused, **common)
+                LAST_BITS=passes[-1][1], T_GIVEN=fused, **(common | {"num_warps": collect_warps}))
         else:
             prefilter_collect_kernel[(rows, n_prog)](
                 flat, n, hist, state, counter, ws["prog_eq"], ws["cand"], ws["tval"], cand_cap, CHUNK=chunk,
-                LAST_BITS=passes[-1][1], T_GIVEN=fused, **common)
+                LAST_BITS=passes[-1][1], T_GIVEN=fused, **(common | {"num_warps": collect_warps}))
         rank_block = rank[0]
         rank_progs = cdiv(cover * k_out, rank_block)
         tie_progs = 0 if ties_in_rank else n_prog
