@@ -1155,6 +1155,25 @@ def test_stable_topk_rank_programs_are_one_warp_from_16_rows(gen):
     assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
 
 
+def test_stable_topk_live_collect_is_one_warp(gen):
+    """The block-max form's collect: one warp for the live collect (2 rows and more), the launch's
+    warps for one row's whole chunks, the override winning; and rows of a listed-like case, through
+    the live collect, give the stable sort's bits."""
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
+    from dsflash.plugins.stable_topk import reference as topk_ref
+
+    auto = topk_kernel.StableTopkLauncher()
+    assert auto._collect_warps("live", 4) == auto._collect_warps("live", 8) == 1
+    assert auto._collect_warps("chunk", 4) == 4 and auto._collect_warps("chunk", 2) == 2
+    over = topk_kernel.StableTopkLauncher(overrides={"COLLECT_WARPS": 2})
+    assert over._collect_warps("live", 4) == over._collect_warps("chunk", 8) == 2
+    scores = torch.relu(torch.randn(5, 2048, generator=gen)).round(decimals=1)
+    launcher = topk_kernel.StableTopkLauncher(overrides={"FORM": "prefilter", "BLOCK": 8})
+    want_v, want_i = topk_ref.stable_topk(scores, 40)
+    got_v, got_i = launcher(*_dev(scores), 40)
+    assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
+
+
 def _order_key(values: torch.Tensor) -> torch.Tensor:
     """keys.order_key32 of finite fp32 values other than -0.0 (it clamps and maps -0.0 to +0.0
     first), as int64: an oracle in plain torch for the threshold the kernels leave."""

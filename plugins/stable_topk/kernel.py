@@ -210,8 +210,8 @@ class StableTopkLauncher(LauncherBase):
     overlap. Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K, RANK_BLOCK, CMP_BLOCK, PDL
     (False: plain launches), SKIP_IDLE (False: every program of a digit pass builds its histogram);
     the block-max form's FORM, BLOCK, COLLECT ('live' or 'chunk'), LIVE_BLOCKS (live blocks read
-    per step of the live collect), BM_CHUNK (blocks per program of its first launch), BM_WARPS and
-    COLLECT_WARPS (the first and the collect launch's warps, num_warps unless set) and TIES
+    per step of the live collect), BM_CHUNK (blocks per program of its first launch), BM_WARPS (its
+    warps, num_warps unless set), COLLECT_WARPS (the collect's: _collect_warps) and TIES
     ('chunk' or 'rank': which programs of the rank launch write the entries tied at T) and
     PASS_LAUNCH ('fused' or 'each': the digit passes over the maxima in one launch or a launch each)
     with PASS_WARPS (the fused launch's warps) and EARLY_SLACK (its stop: _early_slack), and
@@ -427,6 +427,20 @@ class StableTopkLauncher(LauncherBase):
             return self._pow2("RANK_WARPS", warps), cmp_block
         return self._pow2("RANK_WARPS", 1), self._pow2("CMP_BLOCK", 128)
 
+    def _collect_warps(self, collect: str, warps: int) -> int:
+        """Warps of the block-max form's collect programs: one for the live collect (2 rows and
+        more), the launch's num_warps for whole chunks (one row); the override COLLECT_WARPS if
+        given. A live program's steps each scan LIVE_BLOCKS flags and append the blocks in play:
+        in one warp the scans and the slot counts need no barrier (sm_90 builds at 1 / 2 / 4 warps:
+        888 / 608 / 488 SASS instructions with 9 / 23 / 23 barriers). H100 sweeps of the top-k
+        (bench_layer_batch.py --topk-sweep, two runs of session 49, bit-exact against the
+        reference first), us for 4 warps (the former default) / 1 warp: 128K scores of a Full
+        layer at 2 / 4 / 8 / 16 / 32 / 64 / 128 rows 15.1 / 19.0 / 22.5 / 24.8 / 34.6 / 54.3 / 96.3
+        against 14.2 / 17.2 / 21.7 / 24.3 / 32.0 / 50.2 / 87.7; a listed pool's 16K at 16 / 32 /
+        64 / 128 rows 14.8 / 21.0 / 25.3 / 40.1 against 14.8 / 19.2 / 24.4 / 39.7. One row's chunk
+        collect lost with one warp (12.2 against 13.0 us) and keeps num_warps."""
+        return self._pow2("COLLECT_WARPS", 1 if collect == "live" else warps)
+
     def _block_max_form(self, flat: torch.Tensor, k_out: int, vals: torch.Tensor, idx: torch.Tensor,
                         passes: tuple, chunk: int, block: int, warps: int, rank: tuple[int, int],
                         out: dict) -> None:
@@ -447,11 +461,12 @@ class StableTopkLauncher(LauncherBase):
         require(collect in ("live", "chunk"),
                 f"StableTopk: COLLECT must be 'live' or 'chunk', got {collect!r}")
         live_blocks = self._pow2("LIVE_BLOCKS", 32)
-        # warps of the first launch's and the collect's programs (sweeps; the launch's num_warps
-        # unless set). sm_90 builds at 1 / 2 / 4 warps: the live collect (512 entries a program)
-        # 888 / 608 / 488 SASS instructions with 9 / 23 / 23 barriers, the first launch (64 blocks
-        # of 8) 1,648 / 880 / 496 with 3 / 4 / 4: one warp drops most of the collect's barriers
-        bm_warps, collect_warps = self._pow2("BM_WARPS", warps), self._pow2("COLLECT_WARPS", warps)
+        # warps of the first launch's programs (sweeps; the launch's num_warps unless set) and of
+        # the collect's (_collect_warps). sm_90 builds at 1 / 2 / 4 warps: the first launch (64
+        # blocks of 8) 1,648 / 880 / 496 SASS instructions with 3 / 4 / 4 barriers. Its width
+        # stays num_warps: H100 sweeps (session 49) found 2 warps 0.5-1.3 us faster at 4-32 rows
+        # of 128K and 3.5-4.4 us slower at 24, 40 and 48 (the grid's rounds of the SM slots)
+        bm_warps, collect_warps = self._pow2("BM_WARPS", warps), self._collect_warps(collect, warps)
         # the entries tied at T (needed on rows with fewer than k entries above it) written by one
         # program per chunk ("chunk"), or by the rank programs after their ranks ("rank": the
         # launch holds no program for them; at 64 rows of 128K, 4,096 of its 6,144 are such).
