@@ -1155,6 +1155,19 @@ def test_stable_topk_rank_programs_are_one_warp_from_16_rows(gen):
     assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
 
 
+def test_stable_topk_fused_passes_are_four_warps_from_8_rows():
+    """The fused passes' program (one a row): 4 warps from PASS_FOUR_WARP_ROWS rows, 8 below, the
+    override winning."""
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
+
+    auto = topk_kernel.StableTopkLauncher()
+    assert topk_kernel.PASS_FOUR_WARP_ROWS == 8
+    assert auto._pass_warps(8) == auto._pass_warps(128) == 4
+    assert auto._pass_warps(7) == auto._pass_warps(1) == 8
+    over = topk_kernel.StableTopkLauncher(overrides={"PASS_WARPS": 16})
+    assert over._pass_warps(1) == over._pass_warps(64) == 16
+
+
 def test_stable_topk_live_collect_is_one_warp(gen):
     """The block-max form's collect: one warp for the live collect (2 rows and more), the launch's
     warps for one row's whole chunks, the override winning; and rows of a listed-like case, through

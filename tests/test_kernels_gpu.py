@@ -101,8 +101,10 @@ def test_listed_pool_scores_and_picks_flash_sizes(gen, rows):
     assert torch.equal(csa2_ops.select_listed_topk(got, entries.cuda(), 512, n, topk=topk), want)
     # the model's eager form: the rank launch writes the entry ids (listed_ids; the block-max form
     # from 16 rows, its passes in one program, stopping early), and so with a launch per pass and
-    # the old rank grid, in 4 warps, and with every pass over the maxima run (no early stop)
-    for over in ({}, {"PASS_LAUNCH": "each", "RANK_COVER": 1}, {"PASS_WARPS": 4}, {"EARLY_SLACK": "off"}):
+    # the old rank grid, in 8 warps (the default is 4 from 8 rows), with every pass over the maxima
+    # run (no early stop), and with the former collect and rank widths
+    for over in ({}, {"PASS_LAUNCH": "each", "RANK_COVER": 1}, {"PASS_WARPS": 8}, {"EARLY_SLACK": "off"},
+                 {"COLLECT_WARPS": 4, "RANK_WARPS": 4, "CMP_BLOCK": 256}):
         ids = StableTopkLauncher(overrides=over).listed_ids(got, entries.cuda(), 512, n)
         assert torch.equal(ids, want), over
 

@@ -96,6 +96,8 @@ PREFILTER_BLOCK = 16
 FUSED_PASS_BLOCKS = 2048
 # rows from which the block-max form's rank programs are one warp each (_block_max_form)
 RANK_ONE_WARP_ROWS = 16
+# rows from which the fused passes over the maxima run in 4 warps instead of 8 (_pass_warps)
+PASS_FOUR_WARP_ROWS = 8
 # rows short of 4k blocks of PREFILTER_BLOCK take the block-max form over blocks of half as many
 # from this many rows, where those are 4k (H200 and H100 sweeps in _form)
 SMALL_BLOCK_ROWS = 16
@@ -214,7 +216,8 @@ class StableTopkLauncher(LauncherBase):
     warps, num_warps unless set), COLLECT_WARPS (the collect's: _collect_warps) and TIES
     ('chunk' or 'rank': which programs of the rank launch write the entries tied at T) and
     PASS_LAUNCH ('fused' or 'each': the digit passes over the maxima in one launch or a launch each)
-    with PASS_WARPS (the fused launch's warps) and EARLY_SLACK (its stop: _early_slack), and
+    with PASS_WARPS (the fused launch's warps: _pass_warps) and EARLY_SLACK (its stop:
+    _early_slack), and
     RANK_COVER (its rank launch's programs for RANK_COVER x k candidates) with RANK_WARPS (their
     warps: 1 by default from RANK_ONE_WARP_ROWS rows, else num_warps)."""
 
@@ -427,6 +430,19 @@ class StableTopkLauncher(LauncherBase):
             return self._pow2("RANK_WARPS", warps), cmp_block
         return self._pow2("RANK_WARPS", 1), self._pow2("CMP_BLOCK", 128)
 
+    def _pass_warps(self, rows: int) -> int:
+        """Warps of the fused passes' program (one a row, maxima_passes_kernel): 4 from
+        PASS_FOUR_WARP_ROWS rows, else 8; the override PASS_WARPS if given. Its code is mostly
+        tl.histogram's ballots and popcounts, unrolled over the maxima a thread holds (sm_90 build
+        at 2,048 maxima: 4 warps 3,560 SASS instructions a thread, 8 warps 1,952, 16 warps 1,368; no
+        spills). Before the early stop, the one-warp rank and collect, 8 warps won (H100, session
+        47, us for 8 / 4 / 16 warps: 32 rows 23.1 / 24.3 / 25.0, 64 rows 29.5 / 30.7 / 31.9). With
+        them the stop skips most passes and 4 warps win (H100 sweeps of a listed pool's top-k, two
+        runs of session 49, us for 8 / 4 / 2 warps): 8 rows 13.6 / 13.5 / 13.5, 16 rows 14.6 /
+        14.7 / 16.2, 32 rows 19.4 / 18.9 / 20.7, 48 rows 22.6 / 22.5 / 24.4, 64 rows 24.2 / 23.3 /
+        24.4, 128 rows 39.8 / 37.6 / 38.7. Fewer rows keep 8 (not measured there)."""
+        return self._pow2("PASS_WARPS", 4 if rows >= PASS_FOUR_WARP_ROWS else 8)
+
     def _collect_warps(self, collect: str, warps: int) -> int:
         """Warps of the block-max form's collect programs: one for the live collect (2 rows and
         more), the launch's num_warps for whole chunks (one row); the override COLLECT_WARPS if
@@ -495,13 +511,7 @@ class StableTopkLauncher(LauncherBase):
         # 64.5. Fewer rows keep the former (not measured there: one row's rank is a few programs'
         # latency)
         rank_warps, cmp_block = self._rank_shape(rows, warps, rank[1])
-        # warps of the fused passes' program: its code is mostly tl.histogram's ballots and
-        # popcounts, unrolled over the maxima a thread holds (sm_90 build at 2,048 maxima: 4 warps
-        # 3,560 SASS instructions a thread, 8 warps 1,952, 16 warps 1,368; no spills). Same H100
-        # sweep, us for 8 / 4 / 16 warps: 32 rows 23.1 / 24.3 / 25.0, 64 rows 29.5 / 30.7 / 31.9
-        # (the passes a launch each: 23.3 and 30.9; 19.3 against 19.8 fused at 16 rows, 49.7
-        # against 48.0 at 128)
-        pass_warps = self._pow2("PASS_WARPS", 8)
+        pass_warps = self._pass_warps(rows)
         fused = self._pass_launch(m, passes) == "fused"
         slack = self._early_slack(k_out) if fused else -1
         # above (k - 1) x block entries cannot be above T (prefilter.py); a list of twice that lets
