@@ -454,7 +454,9 @@ class StableTopkLauncher(LauncherBase):
         layer at 2 / 4 / 8 / 16 / 32 / 64 / 128 rows 15.1 / 19.0 / 22.5 / 24.8 / 34.6 / 54.3 / 96.3
         against 14.2 / 17.2 / 21.7 / 24.3 / 32.0 / 50.2 / 87.7; a listed pool's 16K at 16 / 32 /
         64 / 128 rows 14.8 / 21.0 / 25.3 / 40.1 against 14.8 / 19.2 / 24.4 / 39.7. One row's chunk
-        collect lost with one warp (12.2 against 13.0 us) and keeps num_warps."""
+        collect lost with one warp (12.2 against 13.0 us) and keeps num_warps. Registers, sm_90
+        builds: 72 a thread at a listed pool's chunks of 512 in blocks of 8, 142 at a Full layer's
+        2,048 in blocks of 16 (batch_chunk from 16 rows of 128K), no spills; 4 warps 40 / 64."""
         return self._pow2("COLLECT_WARPS", 1 if collect == "live" else warps)
 
     def _block_max_form(self, flat: torch.Tensor, k_out: int, vals: torch.Tensor, idx: torch.Tensor,
