@@ -74,14 +74,17 @@ if [ "$bench" = 1 ]; then
   python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\]" | tail -36
   python3 scripts/bench_layer_batch.py --out "$OUT" 2>&1 | tee "$OUT/bench_layer_batch.log" \
     | grep -v "it/s\]" | tail -8
-  # a listed pool's top-k: its defaults against the fused passes with no early stop, with other
-  # stops, with a launch per pass, and with rank programs of 4 warps comparing 256 keys (docs,
-  # session 48: the stop 1.11x / 1.19x at 32 / 64 rows; one-warp rank programs 1.03x-1.15x)
+  # a listed pool's and a Full layer's top-k: the defaults against the fused passes with no early
+  # stop, with other stops, with a launch per pass, with rank programs of 4 warps comparing 256
+  # keys, with the collect and the passes in their former widths, and with the live collect over
+  # 16 or 8 blocks a step (docs, session 48: the stop 1.11x / 1.19x at 32 / 64 rows, one-warp rank
+  # programs 1.03x-1.15x; session 49: the one-warp collect and four pass warps 1.07x-1.14x from
+  # 32 rows; 16 blocks a step faster for the Full layer's scores from 48 rows only)
   mkdir -p "$OUT/topk_listed"
-  python3 scripts/bench_layer_batch.py --out "$OUT/topk_listed" --batches 16,32,64,128 --topk-kinds listed \
-    --topk-sweep "EARLY_SLACK=off;EARLY_SLACK=0;EARLY_SLACK=128;PASS_LAUNCH=each;RANK_WARPS=4,CMP_BLOCK=256" \
-    2>&1 \
-    | tee "$OUT/topk_listed.log" | grep "batch" | tail -4
+  python3 scripts/bench_layer_batch.py --out "$OUT/topk_listed" --batches 16,32,48,64,128 \
+    --topk-kinds full,listed --topk-sweep "EARLY_SLACK=off;EARLY_SLACK=0;EARLY_SLACK=128;PASS_LAUNCH=each;\
+RANK_WARPS=4,CMP_BLOCK=256;PASS_WARPS=8;COLLECT_WARPS=4;LIVE_BLOCKS=16;LIVE_BLOCKS=8" 2>&1 \
+    | tee "$OUT/topk_listed.log" | grep "batch" | tail -5
   # one replay of the listed Reindex layer at 32 rows, kernel by kernel with the gaps between them
   # (docs, session 46: where the layer's time goes)
   python3 scripts/profile_kernels.py --case layer_listed_fp4_b32 --timeline 2>&1 \
