@@ -94,7 +94,11 @@ def narrow_by_count(tot, prefix, k_rem, BINS: tl.constexpr, bits):
 @triton.jit
 def place_among(mine, keys_ptr, count, CMP_BLOCK: tl.constexpr):
     """The place of each of `mine` (unique full keys: score key << 32 | reversed index) among the
-    `count` keys at keys_ptr: how many of them are above it, counted CMP_BLOCK at a time."""
+    `count` keys at keys_ptr: how many of them are above it, counted CMP_BLOCK at a time. The
+    loop sits at its compares: the sm_90 build of the listed rank (8 keys against 128 a step, one
+    warp) spends 183 instructions a thread per step, 64 ISETP and 32 SEL of them for the 32 64-bit
+    compares and 8 REDUX for the cross-lane sums; counts kept per compared slot and summed once
+    after the loop took 185 (session 49)."""
     place = tl.zeros(mine.shape, dtype=tl.int32)
     for c in tl.range(0, count, CMP_BLOCK):
         j = c + tl.arange(0, CMP_BLOCK)
