@@ -453,7 +453,8 @@ class StableTopkLauncher(LauncherBase):
         reference first), us for 4 warps (the former default) / 1 warp: 128K scores of a Full
         layer at 2 / 4 / 8 / 16 / 32 / 64 / 128 rows 15.1 / 19.0 / 22.5 / 24.8 / 34.6 / 54.3 / 96.3
         against 14.2 / 17.2 / 21.7 / 24.3 / 32.0 / 50.2 / 87.7; a listed pool's 16K at 16 / 32 /
-        64 / 128 rows 14.8 / 21.0 / 25.3 / 40.1 against 14.8 / 19.2 / 24.4 / 39.7. One row's chunk
+        64 / 128 rows 14.8 / 21.0 / 25.3 / 40.1 against 14.8 / 19.2 / 24.4 / 39.7 (at 16 rows
+        15.2-15.3 against 14.8 in two other calls: the one loss). One row's chunk
         collect lost with one warp (12.2 against 13.0 us) and keeps num_warps. Registers, sm_90
         builds: 72 a thread at a listed pool's chunks of 512 in blocks of 8, 142 at a Full layer's
         2,048 in blocks of 16 (batch_chunk from 16 rows of 128K), no spills; 4 warps 40 / 64."""
@@ -482,8 +483,8 @@ class StableTopkLauncher(LauncherBase):
         # warps of the first launch's programs (sweeps; the launch's num_warps unless set) and of
         # the collect's (_collect_warps). sm_90 builds at 1 / 2 / 4 warps: the first launch (64
         # blocks of 8) 1,648 / 880 / 496 SASS instructions with 3 / 4 / 4 barriers. Its width
-        # stays num_warps: H100 sweeps (session 49) found 2 warps 0.5-1.3 us faster at 4-32 rows
-        # of 128K and 3.5-4.4 us slower at 24, 40 and 48 (the grid's rounds of the SM slots)
+        # stays num_warps: H100 sweeps (session 49, 128K, the collect in one warp) found 2 warps
+        # 0.5-1.3 us faster at 4, 8, 16 and 32 rows and 1.1-5.6 us slower at 24, 40, 48 and 64
         bm_warps, collect_warps = self._pow2("BM_WARPS", warps), self._collect_warps(collect, warps)
         # the entries tied at T (needed on rows with fewer than k entries above it) written by one
         # program per chunk ("chunk"), or by the rank programs after their ranks ("rank": the
