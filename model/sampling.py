@@ -17,7 +17,6 @@ largest (it may keep more than k), and top-p orders equal probabilities by ascen
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 import torch

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from dsflash.model.config_checks import whole_number
-from dsflash.model.sampling import select_tokens
 from dsflash.model.model import check_prefill_mode, encoder_rows
+from dsflash.model.sampling import select_tokens
 from dsflash.runtime.cache_manager import CacheManager
 from dsflash.runtime.request import GenerationParams, Request
 

@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass, field
 
 from dsflash.model.config_checks import positive_int, whole_number
-from dsflash.model.sampling import SamplingParams
 from dsflash.model.model import check_prefill_mode
+from dsflash.model.sampling import SamplingParams
 
 # waiting -> finished: a request cancelled before it had a slot
 TRANSITIONS = {"waiting": ("prefill", "finished"), "prefill": ("decoding", "finished"),

@@ -48,8 +48,8 @@ from tqdm import tqdm
 
 from dsflash.model.accounting import decode_step_bytes
 from dsflash.model.config import ModelConfig
-from dsflash.model.sampling import SamplingParams, select_tokens
 from dsflash.model.model import DSFlashModel
+from dsflash.model.sampling import SamplingParams, select_tokens
 from dsflash.runtime.cache_manager import CacheManager, synthetic_cache
 from dsflash.runtime.engine import TUNED_COMPILE, TorchEngine
 

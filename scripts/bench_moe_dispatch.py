@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 import triton.testing
+from bench_decode import copy_bandwidth_GBps
 from tqdm import tqdm
 
-from bench_decode import copy_bandwidth_GBps
 from dsflash.export.tolerances import kernel_bound
 from dsflash.model.config import ModelConfig
 from dsflash.model.moe import MoE, clamp_silu_mul

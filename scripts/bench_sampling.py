@@ -30,8 +30,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dsflash.model.sampling import (SamplingParams, candidates, candidates_reference, draw, sample_next,
-                                    select_tokens)
+from dsflash.model.sampling import (
+    SamplingParams,
+    candidates,
+    candidates_reference,
+    draw,
+    sample_next,
+    select_tokens,
+)
 
 log = logging.getLogger("bench_sampling")
 

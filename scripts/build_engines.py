@@ -33,8 +33,13 @@ def main() -> int:
     import onnx
 
     from dsflash.export.bundle import Bundle
-    from dsflash.export.trt_build import (build_plan, decode_attention_advice, decode_moe_advice,
-                                          optimization_profiles, preflight)
+    from dsflash.export.trt_build import (
+        build_plan,
+        decode_attention_advice,
+        decode_moe_advice,
+        optimization_profiles,
+        preflight,
+    )
 
     bundle = Bundle.open(args.bundle)
     for graph in ("encoder_prefill", "decoder_step"):

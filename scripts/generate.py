@@ -14,8 +14,8 @@ import sys
 import time
 
 from dsflash.export.bundle import BundleError
-from dsflash.model.sampling import SamplingParams
 from dsflash.model.model import PREFILL_MODES
+from dsflash.model.sampling import SamplingParams
 from dsflash.runtime.api import Runtime
 from dsflash.runtime.engine import BACKENDS, TUNED_COMPILE
 from dsflash.runtime.request import GenerationParams

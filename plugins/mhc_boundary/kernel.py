@@ -28,11 +28,25 @@ import triton.language as tl
 
 from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.coresident import arrive_and_wait, resident_programs
-from dsflash.plugins.launch import (LauncherBase, check_device, check_dtype, check_shape, interpreting,
-                                    next_pow2, require)
+from dsflash.plugins.launch import (
+    LauncherBase,
+    check_device,
+    check_dtype,
+    check_shape,
+    interpreting,
+    next_pow2,
+    require,
+)
 from dsflash.plugins.mhc_boundary import splits
-from dsflash.plugins.mhc_boundary.finish import (cluster_finish, finish_block, load_site, next_coefficients,
-                                                 normalise_chunks, normalise_rows, total_sumsq_x)
+from dsflash.plugins.mhc_boundary.finish import (
+    cluster_finish,
+    finish_block,
+    load_site,
+    next_coefficients,
+    normalise_chunks,
+    normalise_rows,
+    total_sumsq_x,
+)
 from dsflash.plugins.mhc_boundary.reference import n_mixes
 
 
