@@ -983,7 +983,9 @@ def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block, pas
                                   {"RANK_COVER": 1, "RANK_BLOCK": 2}, {"RANK_COVER": 4, "RANK_BLOCK": 2},
                                   {"RANK_WARPS": 1, "RANK_BLOCK": 16}, {"RANK_WARPS": 2, "CMP_BLOCK": 64},
                                   {"BM_WARPS": 1, "COLLECT_WARPS": 1}, {"BM_WARPS": 2, "COLLECT": "chunk",
-                                                                        "COLLECT_WARPS": 2}])
+                                                                        "COLLECT_WARPS": 2},
+                                  {"RANK_AHEAD": True, "CMP_BLOCK": 16}, {"RANK_TILE": True, "TIES": "chunk"},
+                                  {"RANK_TILE": True, "RANK_AHEAD": True, "RANK_WARPS": 1, "CMP_BLOCK": 16}])
 def test_stable_topk_block_max_collect_forms_are_exact(gen, case, over):
     """Both collect launches of the block-max form give the stable sort's bits on the bound cases:
     every chunk read whole ("chunk"), and only the live blocks (the default) listed and read one or
@@ -994,7 +996,8 @@ def test_stable_topk_block_max_collect_forms_are_exact(gen, case, over):
     has the rank programs write them), and by a few rank programs that take every chunk of 16
     entries in turn; and so do rank launches with programs for k and for 4k candidates a round
     (RANK_COVER; the default 2k), and rank programs of one or two warps (RANK_WARPS), and first
-    and collect launches of one or two (BM_WARPS, COLLECT_WARPS)."""
+    and collect launches of one or two (BM_WARPS, COLLECT_WARPS), and rank steps whose keys load
+    into the compare's tile (RANK_TILE) or a step ahead (RANK_AHEAD)."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
@@ -1074,7 +1077,8 @@ def test_stable_topk_picks_its_form_by_blocks():
     than SMALL_BLOCK_ROWS rows and the block-max form over blocks of 8 from there, unless BLOCK is
     set; a forced form it cannot serve (fewer than k blocks) falls back to the radix form; a bad
     FORM, BLOCK, CHUNK, COLLECT, LIVE_BLOCKS, RANK_BLOCK, CMP_BLOCK, BM_CHUNK, TIES, PASS_LAUNCH,
-    PASS_WARPS, RANK_COVER, RANK_WARPS, BM_WARPS or COLLECT_WARPS is refused before any launch, naming it."""
+    PASS_WARPS, RANK_COVER, RANK_WARPS, RANK_TILE, RANK_AHEAD, BM_WARPS or COLLECT_WARPS is refused
+    before any launch, naming it."""
     from dsflash.plugins.stable_topk.kernel import PREFILTER_BLOCK, SMALL_BLOCK_ROWS, StableTopkLauncher
 
     auto, forced = StableTopkLauncher(), StableTopkLauncher(overrides={"FORM": "prefilter"})
@@ -1112,6 +1116,9 @@ def test_stable_topk_picks_its_form_by_blocks():
             StableTopkLauncher(overrides={name: 5, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="RANK_WARPS must be a power of two, got 3"):
         StableTopkLauncher(overrides={"RANK_WARPS": 3, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
+    for name in ("RANK_TILE", "RANK_AHEAD"):
+        with pytest.raises(ValueError, match=f"{name} must be True or False, got 1"):
+            StableTopkLauncher(overrides={name: 1, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="RANK_COVER must be 1, 2 or 4, got 3"):
         StableTopkLauncher(overrides={"RANK_COVER": 3, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="PASS_LAUNCH must be 'fused' or 'each', got 'one'"):
@@ -1153,6 +1160,37 @@ def test_stable_topk_rank_programs_are_one_warp_from_16_rows(gen):
     want_v, want_i = topk_ref.stable_topk(scores, 24)
     got_v, got_i = launcher(*_dev(scores), 24)
     assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
+
+
+@triton.jit
+def _place_among_probe(mine_ptr, keys_ptr, count, out_ptr, MINE: tl.constexpr, CMP_BLOCK: tl.constexpr,
+                       TILE: tl.constexpr, AHEAD: tl.constexpr):
+    """keys.place_among of MINE keys among `count` keys, written out."""
+    from dsflash.plugins.stable_topk.keys import place_among
+
+    i = tl.arange(0, MINE)
+    mine = tl.load(mine_ptr + i)
+    tl.store(out_ptr + i, place_among(mine, keys_ptr, count, CMP_BLOCK, TILE, AHEAD))
+
+
+@pytest.mark.parametrize("tile", [False, True])
+@pytest.mark.parametrize("ahead", [False, True])
+def test_place_among_counts_the_keys_above_at_every_step_edge(gen, tile, ahead):
+    """The rank's count of keys above each of its own, its steps' keys loaded as a vector or
+    straight into the compare's tile (RANK_TILE), with and without the next step's loaded ahead
+    (RANK_AHEAD), at counts of none, one, a step short of, at, and past a multiple of CMP_BLOCK:
+    a step too many or too few, or a stale key carried into the last step, would show. The keys
+    are unique 64-bit values with high words of both signs, as the full keys are."""
+    cmp_block, n_mine = 16, 8
+    keys = torch.randperm(1 << 12, generator=gen)[:80].long() * 0x9E3779B97F4A7C15 + 0x5BD1E995
+    for count in (0, 1, 15, 16, 17, 48, 80):
+        mine = keys[torch.randint(0, max(count, 1), (n_mine,), generator=gen)]
+        out = torch.full((n_mine,), -1, dtype=torch.int32)
+        m, k_, o = _dev(mine.view(torch.uint64), keys.view(torch.uint64), out)  # as the candidates are
+        _place_among_probe[(1,)](m, k_, count, o, MINE=n_mine, CMP_BLOCK=cmp_block, TILE=tile, AHEAD=ahead)
+        flip = -(1 << 63)  # the sign bit: signed order of key ^ flip = unsigned order of key
+        unsigned = keys[:count].view(-1, 1).bitwise_xor(flip) > mine.view(1, -1).bitwise_xor(flip)
+        assert torch.equal(o.cpu(), unsigned.sum(0).int()), count
 
 
 def test_stable_topk_fused_passes_are_four_warps_from_8_rows():

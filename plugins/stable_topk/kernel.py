@@ -219,14 +219,16 @@ class StableTopkLauncher(LauncherBase):
     with PASS_WARPS (the fused launch's warps: _pass_warps) and EARLY_SLACK (its stop:
     _early_slack), and
     RANK_COVER (its rank launch's programs for RANK_COVER x k candidates) with RANK_WARPS (their
-    warps: 1 by default from RANK_ONE_WARP_ROWS rows, else num_warps)."""
+    warps: 1 by default from RANK_ONE_WARP_ROWS rows, else num_warps), RANK_TILE and RANK_AHEAD
+    (True: keys.place_among's TILE / AHEAD, how a rank step loads its keys; False by default)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
     # the override names the launcher reads (the docstring's list), for callers that check theirs
     OVERRIDES = frozenset({"DIGITS", "CHUNK", "num_warps", "MAX_K", "RANK_BLOCK", "CMP_BLOCK", "PDL",
                            "SKIP_IDLE", "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES",
                            "PASS_LAUNCH", "PASS_WARPS", "RANK_COVER", "EARLY_SLACK", "RANK_WARPS",
-                           "BM_WARPS", "COLLECT_WARPS"})
+                           "BM_WARPS", "COLLECT_WARPS", "RANK_TILE",
+                           "RANK_AHEAD"})
 
     def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
         def fits(ws):
@@ -514,6 +516,15 @@ class StableTopkLauncher(LauncherBase):
         # 64.5. Fewer rows keep the former (not measured there: one row's rank is a few programs'
         # latency)
         rank_warps, cmp_block = self._rank_shape(rows, warps, rank[1])
+        # how the rank steps load their keys (keys.place_among's TILE / AHEAD): sweep options, off
+        # by default until timed. The listed rank at 32 rows ends 8.35 us after the collect (H100,
+        # session 49's timeline), where its compares come to 1-3 us by instruction count (a row's
+        # ~600-900 candidates each against all); the rest is, as far as counts tell, the waits of
+        # its chain of loads (the slot count, each step's keys, the picks' scores)
+        rank_load = {"RANK_TILE": self._overrides.get("RANK_TILE", False),
+                     "RANK_AHEAD": self._overrides.get("RANK_AHEAD", False)}
+        for name, value in rank_load.items():
+            require(isinstance(value, bool), f"StableTopk: {name} must be True or False, got {value!r}")
         pass_warps = self._pass_warps(rows)
         fused = self._pass_launch(m, passes) == "fused"
         slack = self._early_slack(k_out) if fused else -1
@@ -580,7 +591,7 @@ class StableTopkLauncher(LauncherBase):
             flat, n, k_out, hist, counter, ws["prog_eq"], ws["cand"], ws["tval"], vals, idx, cand_cap,
             out["entries"], out["width"], RANK_PROGS=rank_progs, RANK_BLOCK=rank_block, CMP_BLOCK=cmp_block,
             CHUNK=chunk, PP=next_pow2(n_prog), TIES_IN_RANK=ties_in_rank, LISTED=out["listed"],
-            **(common | {"num_warps": rank_warps}))
+            **rank_load, **(common | {"num_warps": rank_warps}))
 
 
 def batch_chunk(rows: int, n: int, programs: int = 1024) -> int:

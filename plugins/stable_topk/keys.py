@@ -92,19 +92,53 @@ def narrow_by_count(tot, prefix, k_rem, BINS: tl.constexpr, bits):
 
 
 @triton.jit
-def place_among(mine, keys_ptr, count, CMP_BLOCK: tl.constexpr):
+def place_among(mine, keys_ptr, count, CMP_BLOCK: tl.constexpr, TILE: tl.constexpr = False,
+                AHEAD: tl.constexpr = False):
     """The place of each of `mine` (unique full keys: score key << 32 | reversed index) among the
     `count` keys at keys_ptr: how many of them are above it, counted CMP_BLOCK at a time. The
-    loop sits at its compares: the sm_90 build of the listed rank (8 keys against 128 a step, one
-    warp) spends 183 instructions a thread per step, 64 ISETP and 32 SEL of them for the 32 64-bit
-    compares and 8 REDUX for the cross-lane sums; counts kept per compared slot and summed once
-    after the loop took 185 (session 49)."""
+    loop's instructions are mostly its compares: the sm_90 build of the listed rank (8 keys
+    against 128 a step, one warp) spends 183 a thread per step, 64 ISETP and 32 SEL of them for
+    the 32 64-bit compares and 8 REDUX for the cross-lane sums; counts kept per compared slot and
+    summed once after the loop took 185 (session 49). Each step waits for its keys from L2 and,
+    by default, for their trip through shared memory into the compare's layout (a store, a
+    barrier and a load). TILE loads them straight into that layout (the one-warp build: no
+    shared memory in the loop). AHEAD loads the next step's keys before comparing this step's, so
+    the wait can overlap a step of compares; in the one-warp sm_90 builds it does only with TILE
+    at 64 keys a step (the loads first, then the compares), since at 128 and 256 ptxas moves the
+    loads after the compares, and without TILE the keys' store to shared memory waits for them
+    at once. Sweep options (the rank's RANK_TILE / RANK_AHEAD), untimed."""
     place = tl.zeros(mine.shape, dtype=tl.int32)
-    for c in tl.range(0, count, CMP_BLOCK):
-        j = c + tl.arange(0, CMP_BLOCK)
-        other = tl.load(keys_ptr + j, mask=j < count, other=0, cache_modifier=".cg")  # 0: below every key
-        place += tl.sum((other[None, :] > mine[:, None]).to(tl.int32), axis=1)
+    if AHEAD:
+        other = _step_keys(keys_ptr, 0, count, CMP_BLOCK, TILE)
+        # one step per CMP_BLOCK keys, as below; the last step's load is all masked
+        for c in tl.range(CMP_BLOCK, count + CMP_BLOCK, CMP_BLOCK):
+            ahead = _step_keys(keys_ptr, c, count, CMP_BLOCK, TILE)
+            place += _count_above(other, mine, TILE)
+            other = ahead
+    else:
+        for c in tl.range(0, count, CMP_BLOCK):
+            place += _count_above(_step_keys(keys_ptr, c, count, CMP_BLOCK, TILE), mine, TILE)
     return place
+
+
+@triton.jit
+def _step_keys(keys_ptr, start, count, CMP_BLOCK: tl.constexpr, TILE: tl.constexpr):
+    """The CMP_BLOCK keys from `start` (0 past `count`: below every key): a vector, or with TILE
+    one row [1, CMP_BLOCK] of the compare's tile."""
+    j = start + tl.arange(0, CMP_BLOCK)
+    if TILE:
+        j = j[None, :]
+    return tl.load(keys_ptr + j, mask=j < count, other=0, cache_modifier=".cg")
+
+
+@triton.jit
+def _count_above(other, mine, TILE: tl.constexpr):
+    """How many of a step's keys `other` (_step_keys') are above each of `mine`."""
+    if TILE:
+        above = other > mine[:, None]
+    else:
+        above = other[None, :] > mine[:, None]
+    return tl.sum(above.to(tl.int32), axis=1)
 
 
 @triton.jit

@@ -230,7 +230,8 @@ def prefilter_rank_kernel(scores_ptr, N, k, hist, counter, prog_eq, cand, tval, 
                           entries_ptr, W, RANK_PROGS: tl.constexpr, RANK_BLOCK: tl.constexpr,
                           CMP_BLOCK: tl.constexpr, CHUNK: tl.constexpr, PP: tl.constexpr,
                           HIST_BINS: tl.constexpr, PASSES: tl.constexpr, TIES_IN_RANK: tl.constexpr = False,
-                          LISTED: tl.constexpr = False, PDL: tl.constexpr = False):
+                          LISTED: tl.constexpr = False, PDL: tl.constexpr = False,
+                          RANK_TILE: tl.constexpr = False, RANK_AHEAD: tl.constexpr = False):
     """Grid (rows, RANK_PROGS + chunks), or (rows, RANK_PROGS) with TIES_IN_RANK. The first
     RANK_PROGS programs of a row take its G candidates RANK_BLOCK at a time (strided) and write
     each one whose place (candidates above it) is below k. When G < k, the entries equal to T among
@@ -239,7 +240,8 @@ def prefilter_rank_kernel(scores_ptr, N, k, hist, counter, prog_eq, cand, tval, 
     each taking every RANK_PROGS-th chunk after its ranks (no program of the launch is there for
     the ties alone; most rows have G >= k). The row's first program clears the histograms for the
     next call (this launch does not read them). LISTED: entry ids out (keys.write_picks), the
-    row's columns past k padded by its first program."""
+    row's columns past k padded by its first program. RANK_TILE / RANK_AHEAD: keys.place_among's
+    TILE / AHEAD."""
     wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     q = tl.program_id(1)
@@ -249,7 +251,7 @@ def prefilter_rank_kernel(scores_ptr, N, k, hist, counter, prog_eq, cand, tval, 
             r = start + tl.arange(0, RANK_BLOCK)
             keep = r < g
             mine = tl.load(cand + row * CAP + r, mask=keep, other=0, cache_modifier=".cg")
-            rank = place_among(mine, cand + row * CAP, g, CMP_BLOCK)
+            rank = place_among(mine, cand + row * CAP, g, CMP_BLOCK, RANK_TILE, RANK_AHEAD)
             write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, rank,
                         (0xFFFFFFFF - (mine & 0xFFFFFFFF)).to(tl.int64), keep & (rank < k), entries_ptr, W,
                         LISTED)
