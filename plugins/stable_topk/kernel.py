@@ -227,8 +227,7 @@ class StableTopkLauncher(LauncherBase):
     OVERRIDES = frozenset({"DIGITS", "CHUNK", "num_warps", "MAX_K", "RANK_BLOCK", "CMP_BLOCK", "PDL",
                            "SKIP_IDLE", "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES",
                            "PASS_LAUNCH", "PASS_WARPS", "RANK_COVER", "EARLY_SLACK", "RANK_WARPS",
-                           "BM_WARPS", "COLLECT_WARPS", "RANK_TILE",
-                           "RANK_AHEAD"})
+                           "BM_WARPS", "COLLECT_WARPS", "RANK_TILE", "RANK_AHEAD"})
 
     def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
         def fits(ws):
