@@ -28,6 +28,7 @@ from dsflash.plugins.engram_hash_gather import reference as engram_ref  # noqa: 
 from dsflash.plugins.launch import next_pow2  # noqa: E402
 from dsflash.plugins.mhc_boundary import kernel as mhc_kernel  # noqa: E402
 from dsflash.plugins.mhc_boundary import reference as mhc_ref  # noqa: E402
+from dsflash.plugins.stable_topk.keys import place_among  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter computes in numpy (no bf16 arithmetic): check fp32 there, bf16 on the GPU too.
@@ -1166,8 +1167,6 @@ def test_stable_topk_rank_programs_are_one_warp_from_16_rows(gen):
 def _place_among_probe(mine_ptr, keys_ptr, count, out_ptr, MINE: tl.constexpr, CMP_BLOCK: tl.constexpr,
                        TILE: tl.constexpr, AHEAD: tl.constexpr):
     """keys.place_among of MINE keys among `count` keys, written out."""
-    from dsflash.plugins.stable_topk.keys import place_among
-
     i = tl.arange(0, MINE)
     mine = tl.load(mine_ptr + i)
     tl.store(out_ptr + i, place_among(mine, keys_ptr, count, CMP_BLOCK, TILE, AHEAD))

@@ -217,10 +217,10 @@ class StableTopkLauncher(LauncherBase):
     ('chunk' or 'rank': which programs of the rank launch write the entries tied at T) and
     PASS_LAUNCH ('fused' or 'each': the digit passes over the maxima in one launch or a launch each)
     with PASS_WARPS (the fused launch's warps: _pass_warps) and EARLY_SLACK (its stop:
-    _early_slack), and
-    RANK_COVER (its rank launch's programs for RANK_COVER x k candidates) with RANK_WARPS (their
-    warps: 1 by default from RANK_ONE_WARP_ROWS rows, else num_warps), RANK_TILE and RANK_AHEAD
-    (True: keys.place_among's TILE / AHEAD, how a rank step loads its keys; False by default)."""
+    _early_slack), and RANK_COVER (its rank launch's programs for RANK_COVER x k candidates) with
+    RANK_WARPS (their warps: 1 by default from RANK_ONE_WARP_ROWS rows, else num_warps), RANK_TILE
+    and RANK_AHEAD (True: keys.place_among's TILE / AHEAD, how a rank step loads its keys; False by
+    default)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
     # the override names the launcher reads (the docstring's list), for callers that check theirs
