@@ -77,14 +77,15 @@ if [ "$bench" = 1 ]; then
   # a listed pool's and a Full layer's top-k: the defaults against the fused passes with no early
   # stop, with other stops, with a launch per pass, with rank programs of 4 warps comparing 256
   # keys, with the collect and the passes in their former widths, and with the live collect over
-  # 16 or 8 blocks a step (docs, session 48: the stop 1.11x / 1.19x at 32 / 64 rows, one-warp rank
-  # programs 1.03x-1.15x; session 49: the one-warp collect and four pass warps 1.07x-1.14x from
-  # 32 rows; 16 blocks a step faster for the Full layer's scores from 48 rows only)
+  # 32, 16 or 8 blocks a step whatever the grid (docs, session 48: the stop 1.11x / 1.19x at 32 / 64
+  # rows, one-warp rank programs 1.03x-1.15x; session 49: the one-warp collect and four pass warps
+  # 1.07x-1.14x from 32 rows; session 50: the blocks a step from the grid's rounds of the SM slots,
+  # live_steps.py, up to 1.10x for the Full layer's scores from 48 rows)
   mkdir -p "$OUT/topk_listed"
-  python3 scripts/bench_layer_batch.py --out "$OUT/topk_listed" --batches 16,32,48,64,128 \
+  python3 scripts/bench_layer_batch.py --out "$OUT/topk_listed" --batches 16,32,48,64,96,128 \
     --topk-kinds full,listed --topk-sweep "EARLY_SLACK=off;EARLY_SLACK=0;EARLY_SLACK=128;PASS_LAUNCH=each;\
-RANK_WARPS=4,CMP_BLOCK=256;PASS_WARPS=8;COLLECT_WARPS=4;LIVE_BLOCKS=16;LIVE_BLOCKS=8" 2>&1 \
-    | tee "$OUT/topk_listed.log" | grep "batch" | tail -5
+RANK_WARPS=4,CMP_BLOCK=256;PASS_WARPS=8;COLLECT_WARPS=4;LIVE_BLOCKS=32;LIVE_BLOCKS=16;LIVE_BLOCKS=8" 2>&1 \
+    | tee "$OUT/topk_listed.log" | grep "batch" | tail -6
   # the rank steps' keys straight into the compare's layout and a step ahead (docs, session 49:
   # new, untimed; only the 64-key build overlaps the loads with the compares)
   mkdir -p "$OUT/topk_rank_loads"

@@ -1224,6 +1224,77 @@ def test_stable_topk_live_collect_is_one_warp(gen):
     assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
 
 
+# programs an H100 / H200 holds at once of the sm_90 collect builds at 32 / 16 / 8 live blocks a
+# step (plugins/stable_topk/live_steps.py: 142 / 96 / 64 and 72 / 64 / 43 registers, one warp)
+FULL_RESIDENT = {32: 14 * 132, 16: 21 * 132, 8: 32 * 132}
+LISTED_RESIDENT = {32: 28 * 132, 16: 32 * 132, 8: 32 * 132}
+
+
+@pytest.mark.parametrize("resident, programs, want, asked", [
+    (FULL_RESIDENT, 1024, 32, [32]),          # 16 rows of 128K: 0.55 rounds
+    (FULL_RESIDENT, 2048, 32, [32]),          # 32 rows: 1.11 rounds count as one
+    (FULL_RESIDENT, 3072, 16, [32, 16]),      # 48 rows: 1.66 / 1.11
+    (FULL_RESIDENT, 4096, 8, [32, 16, 8]),    # 64 rows: 2.22 / 1.48 / 0.97
+    (FULL_RESIDENT, 8192, 8, [32, 16, 8]),    # 128 rows: none fits, 8 takes the fewest (1.94)
+    (LISTED_RESIDENT, 4096, 32, [32]),        # a listed pool at 128 rows: 1.11
+    (LISTED_RESIDENT, 8192, 16, [32, 16, 8]),  # 256 rows: 16 and 8 tie at 1.94, more blocks win
+])
+def test_live_blocks_take_the_most_that_fit_one_round(resident, programs, want, asked):
+    """The live collect's blocks a step against the session-49 H100 sweeps (live_steps.py's
+    table): the most whose grid fits ROUND_SLACK rounds of the SM slots, else the fewest rounds;
+    builds compiled only as far as the choice needs."""
+    from dsflash.plugins.stable_topk.live_steps import live_blocks_for
+
+    seen = []
+
+    def resident_of(blocks):
+        seen.append(blocks)
+        return resident[blocks]
+
+    assert live_blocks_for(programs, resident_of) == want
+    assert seen == asked
+
+
+def test_live_blocks_refuse_an_empty_grid_or_a_build_that_fits_nothing():
+    from dsflash.plugins.stable_topk.live_steps import live_blocks_for
+
+    with pytest.raises(ValueError, match="at least one program, got 0"):
+        live_blocks_for(0, lambda blocks: 100)
+    with pytest.raises(ValueError, match="a build of 32 blocks a step fits 0 programs"):
+        live_blocks_for(64, lambda blocks: 0)
+
+
+def test_stable_topk_live_blocks_count_each_build_once(monkeypatch):
+    """The launcher's side of the rule off the interpreter (on a GPU the builds come from
+    prefilter_collect_live_kernel.warmup and coresident.resident_programs, stood in for here): each
+    build compiled once per configuration and remembered across grids, a new configuration
+    compiled afresh, and the LIVE_BLOCKS override asking for no build."""
+    from types import SimpleNamespace
+
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
+
+    builds = []
+
+    def warmup(*args, grid, LIVE_BLOCKS, **consts):
+        builds.append((LIVE_BLOCKS, consts["CHUNK"]))
+        return SimpleNamespace(blocks=LIVE_BLOCKS)
+
+    monkeypatch.setattr(topk_kernel, "interpreting", lambda: False)
+    monkeypatch.setattr(topk_kernel, "prefilter_collect_live_kernel", SimpleNamespace(warmup=warmup))
+    monkeypatch.setattr(topk_kernel, "resident_programs",
+                        lambda compiled, device: FULL_RESIDENT[compiled.blocks])
+    args = (torch.empty(4), 131072, 8192, torch.empty(4), 4608)
+    consts = {"CHUNK": 2048, "BLOCK": 16, "num_warps": 1}
+    launcher = topk_kernel.StableTopkLauncher()
+    assert launcher._live_blocks(3072, args, consts) == 16 and builds == [(32, 2048), (16, 2048)]
+    assert launcher._live_blocks(2048, args, consts) == 32 and len(builds) == 2
+    assert launcher._live_blocks(8192, args, consts) == 8 and builds[2:] == [(8, 2048)]
+    assert launcher._live_blocks(3072, args, consts | {"CHUNK": 1024}) == 16
+    assert builds[3:] == [(32, 1024), (16, 1024)]
+    fixed = topk_kernel.StableTopkLauncher(overrides={"LIVE_BLOCKS": 64})
+    assert fixed._live_blocks(8192, args, consts) == 64 and len(builds) == 5
+
+
 def _order_key(values: torch.Tensor) -> torch.Tensor:
     """keys.order_key32 of finite fp32 values other than -0.0 (it clamps and maps -0.0 to +0.0
     first), as int64: an oracle in plain torch for the threshold the kernels leave."""

@@ -419,3 +419,27 @@ def test_stable_topk_flash_sizes(gen, rows, n, k, pdl, form):
         poison_allocator()
         got_v, got_i = launcher(scores.cuda(), k)
         assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
+
+
+def test_stable_topk_live_blocks_follow_the_builds_registers(gen, monkeypatch):
+    """The live collect's blocks a step from the real sm_90 builds (warmup + their register
+    counts): 8 rows of 128K (1,024 collect programs) keep 32 blocks a step; at 64 rows (4,096) the
+    32-block build (more registers a thread) fits fewer programs than the 8-block one and not
+    all 4,096 in about one round, so the launcher takes fewer blocks a step. Bit-exact either way."""
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
+    from dsflash.plugins.stable_topk import reference as topk_ref
+
+    picks = []
+    rule = topk_kernel.live_blocks_for
+    monkeypatch.setattr(topk_kernel, "live_blocks_for", lambda *a: picks.append(rule(*a)) or picks[-1])
+    launcher = topk_kernel.StableTopkLauncher()
+    for rows in (8, 64):
+        scores = torch.relu(torch.randn(rows, 131072, generator=gen)).round(decimals=2)
+        want_v, want_i = topk_ref.stable_topk(scores, 512)
+        poison_allocator()
+        got_v, got_i = launcher(scores.cuda(), 512)
+        assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v), rows
+    assert picks[0] == 32 and picks[1] < 32, picks
+    (key,) = {key for key, blocks in launcher._resident if blocks == 8}
+    resident = {blocks: launcher._resident[key, blocks] for blocks in (32, 16, 8)}
+    assert resident[32] < resident[8] and 4096 > 1.15 * resident[32], resident

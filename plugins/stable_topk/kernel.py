@@ -58,11 +58,13 @@ import triton.language as tl
 
 from dsflash.model.csa2_ops import listed_picks as reference_listed_picks
 from dsflash.plugins.aot import cdiv_expr as cdiv
+from dsflash.plugins.coresident import resident_programs
 from dsflash.plugins.launch import (
     LauncherBase,
     check_device,
     check_dtype,
     check_shape,
+    interpreting,
     is_pow2,
     next_pow2,
     require,
@@ -76,6 +78,7 @@ from dsflash.plugins.stable_topk.keys import (
     place_among,
     write_picks,
 )
+from dsflash.plugins.stable_topk.live_steps import LIVE_STEP_CHOICES, live_blocks_for
 from dsflash.plugins.stable_topk.prefilter import (
     block_max_pass_kernel,
     maxima_passes_kernel,
@@ -212,15 +215,15 @@ class StableTopkLauncher(LauncherBase):
     overlap. Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K, RANK_BLOCK, CMP_BLOCK, PDL
     (False: plain launches), SKIP_IDLE (False: every program of a digit pass builds its histogram);
     the block-max form's FORM, BLOCK, COLLECT ('live' or 'chunk'), LIVE_BLOCKS (live blocks read
-    per step of the live collect), BM_CHUNK (blocks per program of its first launch), BM_WARPS (its
-    warps, num_warps unless set), COLLECT_WARPS (the collect's: _collect_warps) and TIES
-    ('chunk' or 'rank': which programs of the rank launch write the entries tied at T) and
-    PASS_LAUNCH ('fused' or 'each': the digit passes over the maxima in one launch or a launch each)
-    with PASS_WARPS (the fused launch's warps: _pass_warps) and EARLY_SLACK (its stop:
-    _early_slack), and RANK_COVER (its rank launch's programs for RANK_COVER x k candidates) with
-    RANK_WARPS (their warps: 1 by default from RANK_ONE_WARP_ROWS rows, else num_warps), RANK_TILE
-    and RANK_AHEAD (True: keys.place_among's TILE / AHEAD, how a rank step loads its keys; False by
-    default)."""
+    per step of the live collect: _live_blocks), BM_CHUNK (blocks per program of its first
+    launch), BM_WARPS (its warps, num_warps unless set), COLLECT_WARPS (the collect's:
+    _collect_warps) and TIES ('chunk' or 'rank': which programs of the rank launch write the
+    entries tied at T) and PASS_LAUNCH ('fused' or 'each': the digit passes over the maxima in one
+    launch or a launch each) with PASS_WARPS (the fused launch's warps: _pass_warps) and
+    EARLY_SLACK (its stop: _early_slack), and RANK_COVER (its rank launch's programs for
+    RANK_COVER x k candidates) with RANK_WARPS (their warps: 1 by default from RANK_ONE_WARP_ROWS
+    rows, else num_warps), RANK_TILE and RANK_AHEAD (True: keys.place_among's TILE / AHEAD, how a
+    rank step loads its keys; False by default)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
     # the override names the launcher reads (the docstring's list), for callers that check theirs
@@ -228,6 +231,10 @@ class StableTopkLauncher(LauncherBase):
                            "SKIP_IDLE", "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES",
                            "PASS_LAUNCH", "PASS_WARPS", "RANK_COVER", "EARLY_SLACK", "RANK_WARPS",
                            "BM_WARPS", "COLLECT_WARPS", "RANK_TILE", "RANK_AHEAD"})
+
+    def __init__(self, sm_count: int | None = None, overrides: dict | None = None):
+        super().__init__(sm_count, overrides)
+        self._resident: dict = {}  # (build key, live blocks a step) -> programs the GPU holds at once
 
     def _workspace(self, device, rows: int, n_prog: int, kp: int, passes: tuple) -> dict:
         def fits(ws):
@@ -461,6 +468,27 @@ class StableTopkLauncher(LauncherBase):
         2,048 in blocks of 16 (batch_chunk from 16 rows of 128K), no spills; 4 warps 40 / 64."""
         return self._pow2("COLLECT_WARPS", 1 if collect == "live" else warps)
 
+    def _live_blocks(self, programs: int, args: tuple, consts: dict) -> int:
+        """Live blocks a step of the live collect over a grid of `programs`: the override
+        LIVE_BLOCKS if given; else live_steps.live_blocks_for, from how many programs of each
+        build the GPU holds (plugins/coresident.py), compiled without a launch once per
+        configuration and remembered. 32 under the interpreter (no builds to count)."""
+        if "LIVE_BLOCKS" in self._overrides or interpreting():
+            return self._pow2("LIVE_BLOCKS", LIVE_STEP_CHOICES[0])
+        device = args[0].device
+        # what changes a build: the constants, and the ints Triton specializes on (multiples of 16, ones)
+        key = (device, tuple(sorted(consts.items())),
+               tuple((a % 16 == 0, a == 1) for a in args if isinstance(a, int)))
+
+        def resident_of(blocks: int) -> int:
+            if (key, blocks) not in self._resident:
+                compiled = prefilter_collect_live_kernel.warmup(*args, grid=(1, 1), LIVE_BLOCKS=blocks,
+                                                                **consts)
+                self._resident[key, blocks] = resident_programs(compiled, device)
+            return self._resident[key, blocks]
+
+        return live_blocks_for(programs, resident_of)
+
     def _block_max_form(self, flat: torch.Tensor, k_out: int, vals: torch.Tensor, idx: torch.Tensor,
                         passes: tuple, chunk: int, block: int, warps: int, rank: tuple[int, int],
                         out: dict) -> None:
@@ -480,7 +508,6 @@ class StableTopkLauncher(LauncherBase):
         collect = self._overrides.get("COLLECT", "chunk" if rows == 1 else "live")
         require(collect in ("live", "chunk"),
                 f"StableTopk: COLLECT must be 'live' or 'chunk', got {collect!r}")
-        live_blocks = self._pow2("LIVE_BLOCKS", 32)
         # warps of the first launch's programs (sweeps; the launch's num_warps unless set) and of
         # the collect's (_collect_warps). sm_90 builds at 1 / 2 / 4 warps: the first launch (64
         # blocks of 8) 1,648 / 880 / 496 SASS instructions with 3 / 4 / 4 barriers. Its width
@@ -575,10 +602,12 @@ class StableTopkLauncher(LauncherBase):
                     SKIP_IDLE=self._overrides.get("SKIP_IDLE", True), **common)
         if collect == "live":
             live = ws["live"].view(-1)[:rows * m]
+            args = (flat, n, m, bm, live, hist, state, counter, ws["prog_eq"], ws["cand"], ws["tval"],
+                    cand_cap)
+            consts = dict(CHUNK=chunk, BLOCK=block, LAST_BITS=passes[-1][1], T_GIVEN=fused,
+                          **(common | {"num_warps": collect_warps}))
             prefilter_collect_live_kernel[(rows, n_prog)](
-                flat, n, m, bm, live, hist, state, counter, ws["prog_eq"], ws["cand"], ws["tval"], cand_cap,
-                CHUNK=chunk, BLOCK=block, LIVE_BLOCKS=live_blocks,
-                LAST_BITS=passes[-1][1], T_GIVEN=fused, **(common | {"num_warps": collect_warps}))
+                *args, LIVE_BLOCKS=self._live_blocks(rows * n_prog, args, consts), **consts)
         else:
             prefilter_collect_kernel[(rows, n_prog)](
                 flat, n, hist, state, counter, ws["prog_eq"], ws["cand"], ws["tval"], cand_cap, CHUNK=chunk,
