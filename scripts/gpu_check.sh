@@ -87,11 +87,13 @@ if [ "$bench" = 1 ]; then
 RANK_WARPS=4,CMP_BLOCK=256;PASS_WARPS=8;COLLECT_WARPS=4;LIVE_BLOCKS=32;LIVE_BLOCKS=16;LIVE_BLOCKS=8" 2>&1 \
     | tee "$OUT/topk_listed.log" | grep "batch" | tail -6
   # the rank steps' keys straight into the compare's layout and a step ahead (docs, session 49:
-  # new, untimed; only the 64-key build overlaps the loads with the compares)
+  # new, untimed; only the 64-key build overlaps the loads with the compares), and the rank's tie
+  # path over a chunk in steps (session 50: new; 227 -> 72 registers a thread at chunks of 2,048)
   mkdir -p "$OUT/topk_rank_loads"
   python3 scripts/bench_layer_batch.py --out "$OUT/topk_rank_loads" --batches 16,32,64,128 \
     --topk-kinds full,listed --topk-sweep "RANK_TILE=True;RANK_TILE=True,CMP_BLOCK=64;\
-RANK_TILE=True,CMP_BLOCK=64,RANK_AHEAD=True;RANK_TILE=True,CMP_BLOCK=256;CMP_BLOCK=64" 2>&1 \
+RANK_TILE=True,CMP_BLOCK=64,RANK_AHEAD=True;RANK_TILE=True,CMP_BLOCK=256;CMP_BLOCK=64;TIE_STEP=256;\
+TIE_STEP=128" 2>&1 \
     | tee "$OUT/topk_rank_loads.log" | grep "batch" | tail -4
   # one replay of the listed Reindex layer at 32 rows, kernel by kernel with the gaps between them
   # (docs, session 46: where the layer's time goes)

@@ -986,7 +986,8 @@ def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block, pas
                                   {"BM_WARPS": 1, "COLLECT_WARPS": 1}, {"BM_WARPS": 2, "COLLECT": "chunk",
                                                                         "COLLECT_WARPS": 2},
                                   {"RANK_AHEAD": True, "CMP_BLOCK": 16}, {"RANK_TILE": True, "TIES": "chunk"},
-                                  {"RANK_TILE": True, "RANK_AHEAD": True, "RANK_WARPS": 1, "CMP_BLOCK": 16}])
+                                  {"RANK_TILE": True, "RANK_AHEAD": True, "RANK_WARPS": 1, "CMP_BLOCK": 16},
+                                  {"TIE_STEP": 16}, {"TIE_STEP": 64, "TIES": "chunk"}])
 def test_stable_topk_block_max_collect_forms_are_exact(gen, case, over):
     """Both collect launches of the block-max form give the stable sort's bits on the bound cases:
     every chunk read whole ("chunk"), and only the live blocks (the default) listed and read one or
@@ -998,7 +999,8 @@ def test_stable_topk_block_max_collect_forms_are_exact(gen, case, over):
     entries in turn; and so do rank launches with programs for k and for 4k candidates a round
     (RANK_COVER; the default 2k), and rank programs of one or two warps (RANK_WARPS), and first
     and collect launches of one or two (BM_WARPS, COLLECT_WARPS), and rank steps whose keys load
-    into the compare's tile (RANK_TILE) or a step ahead (RANK_AHEAD)."""
+    into the compare's tile (RANK_TILE) or a step ahead (RANK_AHEAD), and tie paths that read a
+    chunk of 256 in steps of 16 or 64 (TIE_STEP), carrying the count of ties from step to step."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
@@ -1078,8 +1080,8 @@ def test_stable_topk_picks_its_form_by_blocks():
     than SMALL_BLOCK_ROWS rows and the block-max form over blocks of 8 from there, unless BLOCK is
     set; a forced form it cannot serve (fewer than k blocks) falls back to the radix form; a bad
     FORM, BLOCK, CHUNK, COLLECT, LIVE_BLOCKS, RANK_BLOCK, CMP_BLOCK, BM_CHUNK, TIES, PASS_LAUNCH,
-    PASS_WARPS, RANK_COVER, RANK_WARPS, RANK_TILE, RANK_AHEAD, BM_WARPS or COLLECT_WARPS is refused
-    before any launch, naming it."""
+    PASS_WARPS, RANK_COVER, RANK_WARPS, RANK_TILE, RANK_AHEAD, TIE_STEP, BM_WARPS or COLLECT_WARPS is
+    refused before any launch, naming it."""
     from dsflash.plugins.stable_topk.kernel import PREFILTER_BLOCK, SMALL_BLOCK_ROWS, StableTopkLauncher
 
     auto, forced = StableTopkLauncher(), StableTopkLauncher(overrides={"FORM": "prefilter"})
@@ -1120,6 +1122,8 @@ def test_stable_topk_picks_its_form_by_blocks():
     for name in ("RANK_TILE", "RANK_AHEAD"):
         with pytest.raises(ValueError, match=f"{name} must be True or False, got 1"):
             StableTopkLauncher(overrides={name: 1, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
+    with pytest.raises(ValueError, match="TIE_STEP must be a power of two, got 48"):
+        StableTopkLauncher(overrides={"TIE_STEP": 48, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="RANK_COVER must be 1, 2 or 4, got 3"):
         StableTopkLauncher(overrides={"RANK_COVER": 3, "FORM": "prefilter"})(*_dev(torch.rand(2, 4096)), 8)
     with pytest.raises(ValueError, match="PASS_LAUNCH must be 'fused' or 'each', got 'one'"):
@@ -1268,7 +1272,7 @@ def test_stable_topk_live_blocks_count_each_build_once(monkeypatch):
     """The launcher's side of the rule off the interpreter (on a GPU the builds come from
     prefilter_collect_live_kernel.warmup and coresident.resident_programs, stood in for here): each
     build compiled once per configuration and remembered across grids, a new configuration
-    compiled afresh, and the LIVE_BLOCKS override asking for no build."""
+    compiled afresh."""
     from types import SimpleNamespace
 
     from dsflash.plugins.stable_topk import kernel as topk_kernel
@@ -1291,8 +1295,6 @@ def test_stable_topk_live_blocks_count_each_build_once(monkeypatch):
     assert launcher._live_blocks(8192, args, consts) == 8 and builds[2:] == [(8, 2048)]
     assert launcher._live_blocks(3072, args, consts | {"CHUNK": 1024}) == 16
     assert builds[3:] == [(32, 1024), (16, 1024)]
-    fixed = topk_kernel.StableTopkLauncher(overrides={"LIVE_BLOCKS": 64})
-    assert fixed._live_blocks(8192, args, consts) == 64 and len(builds) == 5
 
 
 def _order_key(values: torch.Tensor) -> torch.Tensor:

@@ -223,14 +223,15 @@ class StableTopkLauncher(LauncherBase):
     EARLY_SLACK (its stop: _early_slack), and RANK_COVER (its rank launch's programs for
     RANK_COVER x k candidates) with RANK_WARPS (their warps: 1 by default from RANK_ONE_WARP_ROWS
     rows, else num_warps), RANK_TILE and RANK_AHEAD (True: keys.place_among's TILE / AHEAD, how a
-    rank step loads its keys; False by default)."""
+    rank step loads its keys; False by default) and TIE_STEP (entries of a chunk their tie path
+    reads at a time; the whole chunk by default)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
     # the override names the launcher reads (the docstring's list), for callers that check theirs
     OVERRIDES = frozenset({"DIGITS", "CHUNK", "num_warps", "MAX_K", "RANK_BLOCK", "CMP_BLOCK", "PDL",
                            "SKIP_IDLE", "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES",
                            "PASS_LAUNCH", "PASS_WARPS", "RANK_COVER", "EARLY_SLACK", "RANK_WARPS",
-                           "BM_WARPS", "COLLECT_WARPS", "RANK_TILE", "RANK_AHEAD"})
+                           "BM_WARPS", "COLLECT_WARPS", "RANK_TILE", "RANK_AHEAD", "TIE_STEP"})
 
     def __init__(self, sm_count: int | None = None, overrides: dict | None = None):
         super().__init__(sm_count, overrides)
@@ -469,12 +470,12 @@ class StableTopkLauncher(LauncherBase):
         return self._pow2("COLLECT_WARPS", 1 if collect == "live" else warps)
 
     def _live_blocks(self, programs: int, args: tuple, consts: dict) -> int:
-        """Live blocks a step of the live collect over a grid of `programs`: the override
-        LIVE_BLOCKS if given; else live_steps.live_blocks_for, from how many programs of each
-        build the GPU holds (plugins/coresident.py), compiled without a launch once per
-        configuration and remembered. 32 under the interpreter (no builds to count)."""
-        if "LIVE_BLOCKS" in self._overrides or interpreting():
-            return self._pow2("LIVE_BLOCKS", LIVE_STEP_CHOICES[0])
+        """Live blocks a step of the live collect over a grid of `programs` where the override
+        LIVE_BLOCKS is not given: live_steps.live_blocks_for, from how many programs of each build
+        the GPU holds (plugins/coresident.py), compiled without a launch once per configuration
+        and remembered. The most (32) under the interpreter (no builds to count)."""
+        if interpreting():
+            return LIVE_STEP_CHOICES[0]
         device = args[0].device
         # what changes a build: the constants, and the ints Triton specializes on (multiples of 16, ones)
         key = (device, tuple(sorted(consts.items())),
@@ -514,6 +515,10 @@ class StableTopkLauncher(LauncherBase):
         # stays num_warps: H100 sweeps (session 49, 128K, the collect in one warp) found 2 warps
         # 0.5-1.3 us faster at 4, 8, 16 and 32 rows and 1.1-5.6 us slower at 24, 40, 48 and 64
         bm_warps, collect_warps = self._pow2("BM_WARPS", warps), self._collect_warps(collect, warps)
+        # live blocks a step of the live collect: the override, checked here before any launch, or
+        # None: chosen from the collect's grid when it launches (_live_blocks)
+        live_blocks = (self._pow2("LIVE_BLOCKS", LIVE_STEP_CHOICES[0]) if "LIVE_BLOCKS" in self._overrides
+                       else None)
         # the entries tied at T (needed on rows with fewer than k entries above it) written by one
         # program per chunk ("chunk"), or by the rank programs after their ranks ("rank": the
         # launch holds no program for them; at 64 rows of 128K, 4,096 of its 6,144 are such).
@@ -551,6 +556,12 @@ class StableTopkLauncher(LauncherBase):
                      "RANK_AHEAD": self._overrides.get("RANK_AHEAD", False)}
         for name, value in rank_load.items():
             require(isinstance(value, bool), f"StableTopk: {name} must be True or False, got {value!r}")
+        # entries of a chunk the rank programs' tie path reads at a time (prefilter._write_ties): a
+        # sweep option, the whole chunk by default until timed. The path runs only on rows with
+        # fewer than k candidates, but its registers are the whole program's: the sm_90 one-warp
+        # build at chunks of 2,048 (a Full layer from 16 rows) takes 227 a thread whole, 160 / 90 /
+        # 72 / 67 in steps of 1,024 / 512 / 256 / 128, so an SM would hold 28 programs instead of 8
+        tie_step = min(self._pow2("TIE_STEP", chunk), chunk)
         pass_warps = self._pass_warps(rows)
         fused = self._pass_launch(m, passes) == "fused"
         slack = self._early_slack(k_out) if fused else -1
@@ -607,7 +618,7 @@ class StableTopkLauncher(LauncherBase):
             consts = dict(CHUNK=chunk, BLOCK=block, LAST_BITS=passes[-1][1], T_GIVEN=fused,
                           **(common | {"num_warps": collect_warps}))
             prefilter_collect_live_kernel[(rows, n_prog)](
-                *args, LIVE_BLOCKS=self._live_blocks(rows * n_prog, args, consts), **consts)
+                *args, LIVE_BLOCKS=live_blocks or self._live_blocks(rows * n_prog, args, consts), **consts)
         else:
             prefilter_collect_kernel[(rows, n_prog)](
                 flat, n, hist, state, counter, ws["prog_eq"], ws["cand"], ws["tval"], cand_cap, CHUNK=chunk,
@@ -619,7 +630,7 @@ class StableTopkLauncher(LauncherBase):
             flat, n, k_out, hist, counter, ws["prog_eq"], ws["cand"], ws["tval"], vals, idx, cand_cap,
             out["entries"], out["width"], RANK_PROGS=rank_progs, RANK_BLOCK=rank_block, CMP_BLOCK=cmp_block,
             CHUNK=chunk, PP=next_pow2(n_prog), TIES_IN_RANK=ties_in_rank, LISTED=out["listed"],
-            **rank_load, **(common | {"num_warps": rank_warps}))
+            TIE_STEP=tie_step, **rank_load, **(common | {"num_warps": rank_warps}))
 
 
 def batch_chunk(rows: int, n: int, programs: int = 1024) -> int:

@@ -208,21 +208,26 @@ def prefilter_collect_live_kernel(scores_ptr, N, M, bm_ptr, live_ptr, hist, stat
 
 @triton.jit
 def _write_ties(scores_ptr, vals_ptr, idx_ptr, prog_eq, tval, row, N, k, g, need, c, n_chunks,
-                entries_ptr, W, CHUNK: tl.constexpr, PP: tl.constexpr, LISTED: tl.constexpr):
+                entries_ptr, W, CHUNK: tl.constexpr, PP: tl.constexpr, LISTED: tl.constexpr,
+                TIE_STEP: tl.constexpr):
     """Chunk c's entries equal to T among the first `need` of them in index order (the chunks
-    before it hold prog_eq of them each), written at places g and on."""
+    before it hold prog_eq of them each), written at places g and on, TIE_STEP entries at a time
+    (a divisor of CHUNK: the registers the path holds, which the whole rank program is given
+    whether or not a row has ties)."""
     pp = tl.arange(0, PP)
     counts = tl.load(prog_eq + row * n_chunks + pp, mask=pp < c, other=0, cache_modifier=".cg")
     before = tl.sum(counts, axis=0)
     if before < need:
-        n = c * CHUNK + tl.arange(0, CHUNK)
-        ok = n < N
         t = tl.load(tval + row, cache_modifier=".cg")
-        eq = ok & (ordered_keys(scores_ptr, row, n, ok, N) == t)
-        eq_rank = before + tl.cumsum(eq.to(tl.int32), axis=0) - 1
-        put = eq & (eq_rank < need)
-        write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, g + eq_rank, n.to(tl.int64), put,
-                    entries_ptr, W, LISTED)
+        for s in tl.range(0, CHUNK, TIE_STEP):
+            n = c * CHUNK + s + tl.arange(0, TIE_STEP)
+            ok = n < N
+            eq = ok & (ordered_keys(scores_ptr, row, n, ok, N) == t)
+            eq_rank = before + tl.cumsum(eq.to(tl.int32), axis=0) - 1
+            put = eq & (eq_rank < need)
+            write_picks(scores_ptr, vals_ptr, idx_ptr, row, N, k, g + eq_rank, n.to(tl.int64), put,
+                        entries_ptr, W, LISTED)
+            before += tl.sum(eq.to(tl.int32), axis=0)
 
 
 @triton.jit
@@ -231,7 +236,8 @@ def prefilter_rank_kernel(scores_ptr, N, k, hist, counter, prog_eq, cand, tval, 
                           CMP_BLOCK: tl.constexpr, CHUNK: tl.constexpr, PP: tl.constexpr,
                           HIST_BINS: tl.constexpr, PASSES: tl.constexpr, TIES_IN_RANK: tl.constexpr = False,
                           LISTED: tl.constexpr = False, PDL: tl.constexpr = False,
-                          RANK_TILE: tl.constexpr = False, RANK_AHEAD: tl.constexpr = False):
+                          RANK_TILE: tl.constexpr = False, RANK_AHEAD: tl.constexpr = False,
+                          TIE_STEP: tl.constexpr = 0):
     """Grid (rows, RANK_PROGS + chunks), or (rows, RANK_PROGS) with TIES_IN_RANK. The first
     RANK_PROGS programs of a row take its G candidates RANK_BLOCK at a time (strided) and write
     each one whose place (candidates above it) is below k. When G < k, the entries equal to T among
@@ -241,7 +247,9 @@ def prefilter_rank_kernel(scores_ptr, N, k, hist, counter, prog_eq, cand, tval, 
     the ties alone; most rows have G >= k). The row's first program clears the histograms for the
     next call (this launch does not read them). LISTED: entry ids out (keys.write_picks), the
     row's columns past k padded by its first program. RANK_TILE / RANK_AHEAD: keys.place_among's
-    TILE / AHEAD."""
+    TILE / AHEAD. TIE_STEP: entries of a chunk the tie path reads at a time (_write_ties; 0: the
+    whole CHUNK)."""
+    STEP: tl.constexpr = CHUNK if TIE_STEP == 0 else TIE_STEP
     wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     q = tl.program_id(1)
@@ -264,9 +272,9 @@ def prefilter_rank_kernel(scores_ptr, N, k, hist, counter, prog_eq, cand, tval, 
                 n_chunks = tl.cdiv(N, CHUNK)  # the collect launch's grid: no tie programs here
                 for c in tl.range(q, n_chunks, RANK_PROGS):
                     _write_ties(scores_ptr, vals_ptr, idx_ptr, prog_eq, tval, row, N, k, g, need, c, n_chunks,
-                                entries_ptr, W, CHUNK, PP, LISTED)
+                                entries_ptr, W, CHUNK, PP, LISTED, STEP)
     else:
         need = k - g
         if need > 0:
             _write_ties(scores_ptr, vals_ptr, idx_ptr, prog_eq, tval, row, N, k, g, need, q - RANK_PROGS,
-                        tl.num_programs(1) - RANK_PROGS, entries_ptr, W, CHUNK, PP, LISTED)
+                        tl.num_programs(1) - RANK_PROGS, entries_ptr, W, CHUNK, PP, LISTED, STEP)
