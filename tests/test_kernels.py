@@ -1229,7 +1229,7 @@ def test_stable_topk_live_collect_is_one_warp(gen):
 
 
 # programs an H100 / H200 holds at once of the sm_90 collect builds at 32 / 16 / 8 live blocks a
-# step (plugins/stable_topk/live_steps.py: 142 / 96 / 64 and 72 / 64 / 43 registers, one warp)
+# step (plugins/stable_topk/live_steps.py: 142 / 96 / 64 and 72 / 64 / 42 registers, one warp)
 FULL_RESIDENT = {32: 14 * 132, 16: 21 * 132, 8: 32 * 132}
 LISTED_RESIDENT = {32: 28 * 132, 16: 32 * 132, 8: 32 * 132}
 
@@ -1240,8 +1240,8 @@ LISTED_RESIDENT = {32: 28 * 132, 16: 32 * 132, 8: 32 * 132}
     (FULL_RESIDENT, 3072, 16, [32, 16]),      # 48 rows: 1.66 / 1.11
     (FULL_RESIDENT, 4096, 8, [32, 16, 8]),    # 64 rows: 2.22 / 1.48 / 0.97
     (FULL_RESIDENT, 8192, 8, [32, 16, 8]),    # 128 rows: none fits, 8 takes the fewest (1.94)
-    (LISTED_RESIDENT, 4096, 32, [32]),        # a listed pool at 128 rows: 1.11
-    (LISTED_RESIDENT, 8192, 16, [32, 16, 8]),  # 256 rows: 16 and 8 tie at 1.94, more blocks win
+    (LISTED_RESIDENT, 1024, 32, [32]),        # a listed pool at 32-128 rows (its chunks grow): 0.28
+    (LISTED_RESIDENT, 8192, 16, [32, 16, 8]),  # no step fits: 16 and 8 tie at 1.94, more blocks win
 ])
 def test_live_blocks_take_the_most_that_fit_one_round(resident, programs, want, asked):
     """The live collect's blocks a step against the session-49 H100 sweeps (live_steps.py's

@@ -558,9 +558,11 @@ class StableTopkLauncher(LauncherBase):
             require(isinstance(value, bool), f"StableTopk: {name} must be True or False, got {value!r}")
         # entries of a chunk the rank programs' tie path reads at a time (prefilter._write_ties): a
         # sweep option, the whole chunk by default until timed. The path runs only on rows with
-        # fewer than k candidates, but its registers are the whole program's: the sm_90 one-warp
-        # build at chunks of 2,048 (a Full layer from 16 rows) takes 227 a thread whole, 160 / 90 /
-        # 72 / 67 in steps of 1,024 / 512 / 256 / 128, so an SM would hold 28 programs instead of 8
+        # fewer than k candidates, but its registers are the whole program's. sm_90 one-warp builds,
+        # registers a thread: a Full layer's (chunks of 2,048 from 16 rows) 227 whole, 160 / 90 / 72
+        # / 67 in steps of 1,024 / 512 / 256 / 128 (an SM holds 8 programs, or 28 in steps of 256);
+        # a listed pool's at chunks of 512 / 1,024 / 2,048 (to 32 rows / 64 / 128) 72 / 159 / 245
+        # whole, 63 in steps of 256 (28 / 12 / 8 programs an SM, or 32)
         tie_step = min(self._pow2("TIE_STEP", chunk), chunk)
         pass_warps = self._pass_warps(rows)
         fused = self._pass_launch(m, passes) == "fused"

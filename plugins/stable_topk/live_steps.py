@@ -4,9 +4,11 @@ prefilter.prefilter_collect_live_kernel), from how many of its programs the GPU 
 More blocks a step mean fewer steps a program, and more registers a thread: the sm_90 builds of a
 Full layer's collect (128K scores, chunks of 2,048 in blocks of 16, one warp) take 142 / 96 / 64
 registers at 32 / 16 / 8 blocks a step, so an H100 holds 14 / 21 / 32 of its programs an SM (1,848
-/ 2,772 / 4,224 in all); a listed pool's (chunks of 512 in blocks of 8) 72 / 64 / 43, 28 / 32 / 32
-an SM. A grid that needs a second round of the SM slots waits for its slowest programs twice, so
-the step that wins is the largest whose grid fits about one round. H100 sweeps of session 49
+/ 2,772 / 4,224 in all); a listed pool's (blocks of 8) 72 / 64 / 42, 28 / 32 / 32 an SM, though
+its grid never needs them: its chunks grow with the rows (batch_chunk: 512 entries to 32 rows,
+2,048 at 128), so 16K scores a row make at most 1,024 programs. A grid that needs a second round
+of the SM slots waits for its slowest programs twice, so the step that wins is the largest whose
+grid fits about one round. H100 sweeps of session 49
 (bench_layer_batch.py --topk-sweep "LIVE_BLOCKS=16;LIVE_BLOCKS=8", first of two runs, raw
 docs/sweep_topk_widths_h100_2026-12-07.json), us at 32 / 16 / 8 blocks a step (rounds of the
 grid):
@@ -19,7 +21,7 @@ grid):
 | Full 128K, 96 | 6,144 | 71.3 (3.32) | 66.6 (2.22) | **65.9** (1.45) |
 | Full 128K, 128 | 8,192 | 88.3 (4.43) | 81.9 (2.96) | **80.6** (1.94) |
 | listed 16K, 32 | 1,024 | **19.3** (0.28) | 19.2 (0.24) | 20.9 (0.24) |
-| listed 16K, 128 | 4,096 | **40.0** (1.11) | 40.6 (0.97) | 43.7 (0.97) |
+| listed 16K, 128 | 1,024 | **40.0** (0.28) | 40.6 (0.24) | 43.7 (0.24) |
 
 Bold: the rule's pick (live_blocks_for), within 0.4 us of the fastest in every row; 32 blocks a
 step everywhere (the former default) lose up to 7.7 us. At 16 rows of 128K (0.55 rounds) 32 blocks
@@ -34,7 +36,7 @@ from collections.abc import Callable
 # blocks a step the collect chooses among, most first (tl.arange sizes)
 LIVE_STEP_CHOICES = (32, 16, 8)
 # rounds of the SM slots a grid may take and still count as one: 1.11 rounds won at 32 and at 48
-# rows of a Full layer and at 128 rows of a listed pool (the module docstring's sweeps)
+# rows of a Full layer (the module docstring's sweeps)
 ROUND_SLACK = 1.15
 
 
