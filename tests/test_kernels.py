@@ -979,15 +979,15 @@ def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block, pas
 
 @pytest.mark.parametrize("case", ["ascending", "sparse ties", "equal run", "all equal", "all -inf"])
 @pytest.mark.parametrize("over", [{"COLLECT": "chunk"}, {"LIVE_BLOCKS": 1}, {"LIVE_BLOCKS": 4, "CHUNK": 64},
-                                  {"BM_CHUNK": 1}, {"BM_CHUNK": 512}, {"TIES": "chunk"},
+                                  {"BM_CHUNK": 1}, {"BM_CHUNK": 512}, {"TIES": "chunk", "TIE_STEP": 64, "EARLY_SLACK": "off"},
                                   {"TIES": "rank", "RANK_BLOCK": 64, "CHUNK": 16},
-                                  {"RANK_COVER": 1, "RANK_BLOCK": 2}, {"RANK_COVER": 4, "RANK_BLOCK": 2},
+                                  {"RANK_COVER": 1, "RANK_BLOCK": 2},
+                                  {"RANK_COVER": 4, "RANK_BLOCK": 2, "TIE_STEP": 16, "EARLY_SLACK": "off"},
                                   {"RANK_WARPS": 1, "RANK_BLOCK": 16}, {"RANK_WARPS": 2, "CMP_BLOCK": 64},
                                   {"BM_WARPS": 1, "COLLECT_WARPS": 1}, {"BM_WARPS": 2, "COLLECT": "chunk",
                                                                         "COLLECT_WARPS": 2},
                                   {"RANK_AHEAD": True, "CMP_BLOCK": 16}, {"RANK_TILE": True, "TIES": "chunk"},
-                                  {"RANK_TILE": True, "RANK_AHEAD": True, "RANK_WARPS": 1, "CMP_BLOCK": 16},
-                                  {"TIE_STEP": 16}, {"TIE_STEP": 64, "TIES": "chunk"}])
+                                  {"RANK_TILE": True, "RANK_AHEAD": True, "RANK_WARPS": 1, "CMP_BLOCK": 16}])
 def test_stable_topk_block_max_collect_forms_are_exact(gen, case, over):
     """Both collect launches of the block-max form give the stable sort's bits on the bound cases:
     every chunk read whole ("chunk"), and only the live blocks (the default) listed and read one or
