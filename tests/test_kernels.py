@@ -1102,7 +1102,7 @@ def test_stable_topk_picks_its_form_by_blocks():
         StableTopkLauncher(overrides={"BLOCK": 12})(*_dev(torch.rand(2, 4096)), 8)  # before any launch
     with pytest.raises(ValueError, match="COLLECT must be 'live' or 'chunk', got 'all'"):
         StableTopkLauncher(overrides={"COLLECT": "all"})(*_dev(torch.rand(1, 4096)), 8)
-    with pytest.raises(ValueError, match="LIVE_BLOCKS must be a power of two, got 3"):
+    with pytest.raises(ValueError, match="LIVE_BLOCKS must be a power of two or 'rounds', got 3"):
         StableTopkLauncher(overrides={"LIVE_BLOCKS": 3})(*_dev(torch.rand(1, 4096)), 8)
     for name, bad in (("RANK_BLOCK", 6), ("CMP_BLOCK", 0)):
         for scores in (torch.rand(2, 4096), torch.rand(2, 300)):  # the block-max and the radix form

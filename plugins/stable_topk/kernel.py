@@ -78,7 +78,7 @@ from dsflash.plugins.stable_topk.keys import (
     place_among,
     write_picks,
 )
-from dsflash.plugins.stable_topk.live_steps import LIVE_STEP_CHOICES, live_blocks_for
+from dsflash.plugins.stable_topk.live_steps import LIVE_BLOCKS_DEFAULT, LIVE_STEP_CHOICES, live_blocks_for
 from dsflash.plugins.stable_topk.prefilter import (
     block_max_pass_kernel,
     maxima_passes_kernel,
@@ -215,7 +215,7 @@ class StableTopkLauncher(LauncherBase):
     overlap. Overrides (sweeps): DIGITS, CHUNK, num_warps, MAX_K, RANK_BLOCK, CMP_BLOCK, PDL
     (False: plain launches), SKIP_IDLE (False: every program of a digit pass builds its histogram);
     the block-max form's FORM, BLOCK, COLLECT ('live' or 'chunk'), LIVE_BLOCKS (live blocks read
-    per step of the live collect: _live_blocks), BM_CHUNK (blocks per program of its first
+    per step of the live collect, or 'rounds': _live_blocks), BM_CHUNK (blocks per program of its first
     launch), BM_WARPS (its warps, num_warps unless set), COLLECT_WARPS (the collect's:
     _collect_warps) and TIES ('chunk' or 'rank': which programs of the rank launch write the
     entries tied at T) and PASS_LAUNCH ('fused' or 'each': the digit passes over the maxima in one
@@ -470,10 +470,11 @@ class StableTopkLauncher(LauncherBase):
         return self._pow2("COLLECT_WARPS", 1 if collect == "live" else warps)
 
     def _live_blocks(self, programs: int, args: tuple, consts: dict) -> int:
-        """Live blocks a step of the live collect over a grid of `programs` where the override
-        LIVE_BLOCKS is not given: live_steps.live_blocks_for, from how many programs of each build
-        the GPU holds (plugins/coresident.py), compiled without a launch once per configuration
-        and remembered. The most (32) under the interpreter (no builds to count)."""
+        """Live blocks a step of the live collect over a grid of `programs` where LIVE_BLOCKS is
+        "rounds" (live_steps.LIVE_BLOCKS_DEFAULT unless overridden): live_steps.live_blocks_for,
+        from how many programs of each build the GPU holds (plugins/coresident.py), compiled
+        without a launch once per configuration and remembered. The most (32) under the
+        interpreter (no builds to count)."""
         if interpreting():
             return LIVE_STEP_CHOICES[0]
         device = args[0].device
@@ -515,10 +516,12 @@ class StableTopkLauncher(LauncherBase):
         # stays num_warps: H100 sweeps (session 49, 128K, the collect in one warp) found 2 warps
         # 0.5-1.3 us faster at 4, 8, 16 and 32 rows and 1.1-5.6 us slower at 24, 40, 48 and 64
         bm_warps, collect_warps = self._pow2("BM_WARPS", warps), self._collect_warps(collect, warps)
-        # live blocks a step of the live collect: the override, checked here before any launch, or
-        # None: chosen from the collect's grid when it launches (_live_blocks)
-        live_blocks = (self._pow2("LIVE_BLOCKS", LIVE_STEP_CHOICES[0]) if "LIVE_BLOCKS" in self._overrides
-                       else None)
+        # live blocks a step of the live collect: a power of two, checked here before any launch, or
+        # "rounds" (None here): chosen from the collect's grid when it launches (_live_blocks)
+        live_blocks = self._overrides.get("LIVE_BLOCKS", LIVE_BLOCKS_DEFAULT)
+        require(live_blocks == "rounds" or is_pow2(live_blocks),
+                f"StableTopk: LIVE_BLOCKS must be a power of two or 'rounds', got {live_blocks!r}")
+        live_blocks = None if live_blocks == "rounds" else live_blocks
         # the entries tied at T (needed on rows with fewer than k entries above it) written by one
         # program per chunk ("chunk"), or by the rank programs after their ranks ("rank": the
         # launch holds no program for them; at 64 rows of 128K, 4,096 of its 6,144 are such).

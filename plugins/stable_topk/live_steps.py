@@ -33,6 +33,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+# the launcher's LIVE_BLOCKS unless overridden: "rounds" (live_blocks_for, from the builds) or a
+# power of two for every grid
+LIVE_BLOCKS_DEFAULT = "rounds"
 # blocks a step the collect chooses among, most first (tl.arange sizes)
 LIVE_STEP_CHOICES = (32, 16, 8)
 # rounds of the SM slots a grid may take and still count as one: 1.11 rounds won at 32 and at 48
