@@ -422,17 +422,18 @@ def test_stable_topk_flash_sizes(gen, rows, n, k, pdl, form):
 
 
 def test_stable_topk_live_blocks_follow_the_builds_registers(gen, monkeypatch):
-    """The live collect's blocks a step from the real sm_90 builds (warmup + their register
-    counts): 8 rows of 128K (1,024 collect programs) keep 32 blocks a step; at 64 rows (4,096) the
-    32-block build (more registers a thread) fits fewer programs than the 8-block one and not
-    all 4,096 in about one round, so the launcher takes fewer blocks a step. Bit-exact either way."""
+    """The live collect's blocks a step from the real sm_90 builds (LIVE_BLOCKS="rounds": warmup
+    and their register counts): 8 rows of 128K (1,024 collect programs) keep 32 blocks a step; at
+    64 rows (4,096) the 32-block build (more registers a thread) fits fewer programs than the
+    8-block one and not all 4,096 in about one round, so the launcher takes fewer blocks a step.
+    Bit-exact either way."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
     picks = []
     rule = topk_kernel.live_blocks_for
     monkeypatch.setattr(topk_kernel, "live_blocks_for", lambda *a: picks.append(rule(*a)) or picks[-1])
-    launcher = topk_kernel.StableTopkLauncher()
+    launcher = topk_kernel.StableTopkLauncher(overrides={"LIVE_BLOCKS": "rounds"})
     for rows in (8, 64):
         scores = torch.relu(torch.randn(rows, 131072, generator=gen)).round(decimals=2)
         want_v, want_i = topk_ref.stable_topk(scores, 512)
