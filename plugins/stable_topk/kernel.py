@@ -101,6 +101,9 @@ FUSED_PASS_BLOCKS = 2048
 RANK_ONE_WARP_ROWS = 16
 # rows from which the fused passes over the maxima run in 4 warps instead of 8 (_pass_warps)
 PASS_FOUR_WARP_ROWS = 8
+# the rank programs' tie path over chunks of at least TIE_STEP_CHUNK entries: TIE_STEP at a time
+# (_tie_step)
+TIE_STEP, TIE_STEP_CHUNK = 512, 2048
 # rows short of 4k blocks of PREFILTER_BLOCK take the block-max form over blocks of half as many
 # from this many rows, where those are 4k (H200 and H100 sweeps in _form)
 SMALL_BLOCK_ROWS = 16
@@ -224,7 +227,7 @@ class StableTopkLauncher(LauncherBase):
     RANK_COVER x k candidates) with RANK_WARPS (their warps: 1 by default from RANK_ONE_WARP_ROWS
     rows, else num_warps), RANK_TILE and RANK_AHEAD (True: keys.place_among's TILE / AHEAD, how a
     rank step loads its keys; False by default) and TIE_STEP (entries of a chunk their tie path
-    reads at a time; the whole chunk by default)."""
+    reads at a time: _tie_step)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
     # the override names the launcher reads (the docstring's list), for callers that check theirs
@@ -469,6 +472,24 @@ class StableTopkLauncher(LauncherBase):
         2,048 in blocks of 16 (batch_chunk from 16 rows of 128K), no spills; 4 warps 40 / 64."""
         return self._pow2("COLLECT_WARPS", 1 if collect == "live" else warps)
 
+    def _tie_step(self, chunk: int) -> int:
+        """Entries of a chunk the rank programs' tie path reads at a time (prefilter._write_ties):
+        TIE_STEP (512) of chunks of at least TIE_STEP_CHUNK (2,048: a Full layer's 128K from 16
+        rows, a listed pool's 16K from 96), else the whole chunk; the override TIE_STEP if given
+        (at most the chunk). The path runs only on rows with fewer than k candidates above T, but
+        its registers are the whole program's. sm_90 one-warp builds, registers a thread: a Full
+        layer's at chunks of 2,048: 227 whole, 160 / 90 / 72 / 67 in steps of 1,024 / 512 / 256
+        / 128 (an SM holds 8 programs whole, 21 in steps of 512); a listed pool's at chunks of 512
+        / 1,024 / 2,048: 72 / 159 / 245 whole, 63 in steps of 256. H100 sweeps of the top-k
+        (bench_layer_batch.py --topk-sweep, session 50, two runs), us for whole chunks / steps of
+        256 / 512 / 1,024: Full 128K at 16 / 32 / 48 / 64 / 96 / 128 rows 24.1 / 32.1 / 38.2 /
+        47.5 / 66.0 / 80.7, steps of 512 22.4 / 29.9 / 37.5 / 45.6 / 64.6 / 78.5 (256: 24.2 / 30.6
+        / 39.3 / 46.2 / 67.1 / 78.7; 1,024: 24.1 / 31.9 / 38.0 / 47.4 / 65.4 / 80.1); a listed pool
+        at 96 / 128 rows 34.5 / 37.9, steps of 512 33.0 / 35.9. On the listed pool's shorter chunks
+        steps lose (64 rows, chunks of 1,024: 23.4 whole, 24.8 in steps of 512, 27.6 of 256): its
+        rows often have ties at T, which steps read one after another."""
+        return min(self._pow2("TIE_STEP", TIE_STEP if chunk >= TIE_STEP_CHUNK else chunk), chunk)
+
     def _live_blocks(self, programs: int, args: tuple, consts: dict) -> int:
         """Live blocks a step of the live collect over a grid of `programs` where LIVE_BLOCKS is
         "rounds" (live_steps.LIVE_BLOCKS_DEFAULT unless overridden): live_steps.live_blocks_for,
@@ -559,14 +580,7 @@ class StableTopkLauncher(LauncherBase):
                      "RANK_AHEAD": self._overrides.get("RANK_AHEAD", False)}
         for name, value in rank_load.items():
             require(isinstance(value, bool), f"StableTopk: {name} must be True or False, got {value!r}")
-        # entries of a chunk the rank programs' tie path reads at a time (prefilter._write_ties): a
-        # sweep option, the whole chunk by default until timed. The path runs only on rows with
-        # fewer than k candidates, but its registers are the whole program's. sm_90 one-warp builds,
-        # registers a thread: a Full layer's (chunks of 2,048 from 16 rows) 227 whole, 160 / 90 / 72
-        # / 67 in steps of 1,024 / 512 / 256 / 128 (an SM holds 8 programs, or 28 in steps of 256);
-        # a listed pool's at chunks of 512 / 1,024 / 2,048 (to 32 rows / 64 / 128) 72 / 159 / 245
-        # whole, 63 in steps of 256 (28 / 12 / 8 programs an SM, or 32)
-        tie_step = min(self._pow2("TIE_STEP", chunk), chunk)
+        tie_step = self._tie_step(chunk)
         pass_warps = self._pass_warps(rows)
         fused = self._pass_launch(m, passes) == "fused"
         slack = self._early_slack(k_out) if fused else -1
