@@ -983,6 +983,7 @@ def test_stable_topk_block_max_form_is_exact_at_its_bounds(gen, case, block, pas
                                   {"TIES": "rank", "RANK_BLOCK": 64, "CHUNK": 16},
                                   {"RANK_COVER": 1, "RANK_BLOCK": 2},
                                   {"RANK_COVER": 4, "RANK_BLOCK": 2, "TIE_STEP": 16, "EARLY_SLACK": "off"},
+                                  {"CHUNK": 2048, "EARLY_SLACK": "off"},
                                   {"RANK_WARPS": 1, "RANK_BLOCK": 16}, {"RANK_WARPS": 2, "CMP_BLOCK": 64},
                                   {"BM_WARPS": 1, "COLLECT_WARPS": 1}, {"BM_WARPS": 2, "COLLECT": "chunk",
                                                                         "COLLECT_WARPS": 2},
@@ -1000,7 +1001,8 @@ def test_stable_topk_block_max_collect_forms_are_exact(gen, case, over):
     (RANK_COVER; the default 2k), and rank programs of one or two warps (RANK_WARPS), and first
     and collect launches of one or two (BM_WARPS, COLLECT_WARPS), and rank steps whose keys load
     into the compare's tile (RANK_TILE) or a step ahead (RANK_AHEAD), and tie paths that read a
-    chunk of 256 in steps of 16 or 64 (TIE_STEP), carrying the count of ties from step to step."""
+    chunk of 256 in steps of 16 or 64 (TIE_STEP), or one of 2,048 in the default steps of 512,
+    carrying the count of ties from step to step."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
