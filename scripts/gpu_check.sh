@@ -80,20 +80,21 @@ if [ "$bench" = 1 ]; then
   # 32, 16 or 8 blocks a step whatever the grid (docs, session 48: the stop 1.11x / 1.19x at 32 / 64
   # rows, one-warp rank programs 1.03x-1.15x; session 49: the one-warp collect and four pass warps
   # 1.07x-1.14x from 32 rows; session 50: the blocks a step from the grid's rounds of the SM slots,
-  # live_steps.py, up to 1.10x for the Full layer's scores from 48 rows)
+  # live_steps.py, up to 1.10x for the Full layer's scores from 48 rows; the rank's tie path in steps
+  # of 512 over chunks of 2,048, against whole chunks and steps of 1,024: 1.02x-1.08x)
   mkdir -p "$OUT/topk_listed"
   python3 scripts/bench_layer_batch.py --out "$OUT/topk_listed" --batches 16,32,48,64,96,128 \
     --topk-kinds full,listed --topk-sweep "EARLY_SLACK=off;EARLY_SLACK=0;EARLY_SLACK=128;PASS_LAUNCH=each;\
-RANK_WARPS=4,CMP_BLOCK=256;PASS_WARPS=8;COLLECT_WARPS=4;LIVE_BLOCKS=32;LIVE_BLOCKS=16;LIVE_BLOCKS=8" 2>&1 \
+RANK_WARPS=4,CMP_BLOCK=256;PASS_WARPS=8;COLLECT_WARPS=4;LIVE_BLOCKS=32;LIVE_BLOCKS=16;LIVE_BLOCKS=8;TIE_STEP=2048;\
+TIE_STEP=1024" 2>&1 \
     | tee "$OUT/topk_listed.log" | grep "batch" | tail -6
   # the rank steps' keys straight into the compare's layout and a step ahead (docs, session 49:
   # new, untimed; only the 64-key build overlaps the loads with the compares), and the rank's tie
-  # path over a chunk in steps (session 50: new; 227 -> 72 registers a thread at chunks of 2,048)
+  # path in steps of 256 (session 50: slower than 512 on a listed pool's chunks of 512 / 1,024)
   mkdir -p "$OUT/topk_rank_loads"
   python3 scripts/bench_layer_batch.py --out "$OUT/topk_rank_loads" --batches 16,32,64,128 \
     --topk-kinds full,listed --topk-sweep "RANK_TILE=True;RANK_TILE=True,CMP_BLOCK=64;\
-RANK_TILE=True,CMP_BLOCK=64,RANK_AHEAD=True;RANK_TILE=True,CMP_BLOCK=256;CMP_BLOCK=64;TIE_STEP=256;\
-TIE_STEP=128" 2>&1 \
+RANK_TILE=True,CMP_BLOCK=64,RANK_AHEAD=True;RANK_TILE=True,CMP_BLOCK=256;CMP_BLOCK=64;TIE_STEP=256" 2>&1 \
     | tee "$OUT/topk_rank_loads.log" | grep "batch" | tail -4
   # one replay of the listed Reindex layer at 32 rows, kernel by kernel with the gaps between them
   # (docs, session 46: where the layer's time goes)
