@@ -23,10 +23,15 @@ grid):
 | listed 16K, 32 | 1,024 | **19.3** (0.28) | 19.2 (0.24) | 20.9 (0.24) |
 | listed 16K, 128 | 1,024 | **40.0** (0.28) | 40.6 (0.24) | 43.7 (0.24) |
 
-Bold: the rule's pick (live_blocks_for), within 0.4 us of the fastest in every row; 32 blocks a
-step everywhere (the former default) lose up to 7.7 us. At 16 rows of 128K (0.55 rounds) 32 blocks
-took 24.2 us against 26.0 for 16. Both cards of that kind (H100, H200) have 132 SMs of 64K
-registers, so the same grids take the same rounds on either.
+Bold: what the rule (live_blocks_for) picks from these register counts, within 0.4 us of the
+fastest in every row; 32 blocks a step everywhere (the former default) lose up to 7.7 us. At 16
+rows of 128K (0.55 rounds) 32 blocks took 24.2 us against 26.0 for 16. The counts come from CPU
+sm_90 compiles; the JIT's builds, which the launcher counts, specialize on their arguments and may
+take fewer (on the H100 at 64 rows the rule stopped at 16 blocks, session 50's GPU test). The rule
+timed against 32 blocks a step everywhere (H100, session 50, two runs): 38.3 / 47.8 / 66.1 / 80.7
+against 40.1 / 50.7 / 71.5 / 88.5 us at 48 / 64 / 96 / 128 rows of 128K, equal at 16 and 32.
+Both cards of that kind (H100, H200) have 132 SMs of 64K registers, so the same grids take the
+same rounds on either.
 """
 
 from __future__ import annotations
