@@ -5,13 +5,16 @@
 # (AOT against JIT, also in decoder_step's attention shapes, the kernels, the CSA2 layers at decode
 # batches 1-64, the host sampler, then a whole decode step
 # through the runtime) (tables last; JSON, plot and logs under $OUT).
-#   bash scripts/gpu_check.sh [--tests-only | --kernel-tests | --other-tests | --bench-only | --decode-only]
-#       [--quick] [--sweep]
+#   bash scripts/gpu_check.sh [--tests-only | --kernel-tests | --other-tests | --runtime-tests | --bench-only
+#       | --decode-only] [--quick] [--sweep]
 # (--tests-only: the tests and the AOT compile; since session 24 (2026-12-04) that passes 10 minutes
-# (a 560 s limit stopped its pytest after 219 of ~290 tests), so on the device run it as two calls:
+# (a 560 s limit stopped its pytest after 219 of ~290 tests), so on the device run it as three calls:
 # --kernel-tests (tests/test_kernels.py, test_kernels_gpu.py, test_qat_kernel.py,
-# test_attention_gluon_gpu.py) and --other-tests
-# (test_runtime_gpu.py, test_compiled_step.py, test_aot_gpu.py, test_ort_cuda.py, the AOT compile);
+# test_attention_gluon_gpu.py, test_fp4_query_split.py), --other-tests (test_aot_gpu.py,
+# test_ort_cuda.py, test_compiled_step.py, the AOT compile) and --runtime-tests
+# (test_runtime_gpu.py: on a fresh machine its tuned compile alone takes 5 minutes or more of
+# coordinate-descent tuning; session 51, an H100: with test_compiled_step.py and test_aot_gpu.py
+# before it, a 560 s limit stopped the call inside that compile);
 # --bench-only: the kernel benchmarks;
 # --decode-only: the whole-step benchmark (bench_decode.py --profile). On a fresh H200 the tests
 # took 7 min with a cold Triton cache, 3-7 min since, the kernel benchmarks about 4 min and the
@@ -43,14 +46,15 @@ kernel_files="$kernel_files tests/test_attention_gluon_gpu.py tests/test_fp4_que
 # the quick files first: on a fresh machine (cold inductor caches) the runtime and compiled-step
 # files take minutes of compiles (session 30, an H100: tests/test_runtime_gpu.py ran 7 minutes
 # without finishing its tuned-compile test), so a time limit should stop those, not the AOT tests
-other_files="tests/test_aot_gpu.py tests/test_ort_cuda.py tests/test_runtime_gpu.py"
-other_files="$other_files tests/test_compiled_step.py"
-test_files="$kernel_files $other_files"
+other_files="tests/test_aot_gpu.py tests/test_ort_cuda.py tests/test_compiled_step.py"
+runtime_files="tests/test_runtime_gpu.py"
+test_files="$kernel_files $other_files $runtime_files"
 aot=1
 case "${1:-}" in
   --tests-only) shift; bench=0; decode=0 ;;
   --kernel-tests) shift; bench=0; decode=0; aot=0; test_files=$kernel_files ;;
   --other-tests) shift; bench=0; decode=0; test_files=$other_files ;;
+  --runtime-tests) shift; bench=0; decode=0; aot=0; test_files=$runtime_files ;;
   --bench-only) shift; run_tests=0; decode=0 ;;
   --decode-only) shift; run_tests=0; bench=0 ;;
 esac
