@@ -63,12 +63,14 @@ def memory_before_wait(ptx: str) -> list[str]:
 
 def pdl_kernel_specs() -> dict:
     """The kernels that launch with PDL, each as (kernel, signature, constants) at the release
-    sizes (bf16; launch parameters from each launcher's launch_config), for
-    scripts/check_pdl_ptx.py."""
+    sizes (bf16; launch parameters from each launcher's launch_config), or (kernel, signature,
+    constants, compile_ptx's options) where the build is not its default of 4 warps (the Gluon
+    attention: 8 warps, its register cap, and 16-byte aligned pointers, which its copies need),
+    for scripts/check_pdl_ptx.py."""
     from dsflash.plugins.csa2_index_score import fp4_mma, pool_list, pooled, pooled_fp4
     from dsflash.plugins.csa2_index_score import kernel as index
     from dsflash.plugins.csa2_index_score import trt as index_trt
-    from dsflash.plugins.csa2_sparse_attention import entries_fp4, splits
+    from dsflash.plugins.csa2_sparse_attention import entries_fp4, gluon_batch, splits
     from dsflash.plugins.csa2_sparse_attention import kernel as attention
     from dsflash.plugins.csa2_sparse_attention import trt as attention_trt
     from dsflash.plugins.csa2_sparse_attention import trt_entries_fp4 as entries_trt
@@ -173,6 +175,12 @@ def pdl_kernel_specs() -> dict:
             {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True}
             | constants(attention.launch_config(64, 512, bf16, rows=64))
             | {"BLOCK_K": 32, "INDEX_AHEAD": True, "PREFETCH": 4}),
+        # the warp-specialized Gluon form from GLUON_ROWS rows (split, 64-key blocks in 2 stages)
+        "attention_gluon": (gluon_batch.csa2_sparse_attention_ws_kernel,
+                            {k: v for k, v in attention_trt.kernel_signature(bf16).items() if k != "out_ptr"},
+                            {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "KB": 64, "STAGES": 2, "SPLIT": True,
+                             "out_ptr": None, "num_warps": 8},
+                            {"num_warps": 8, "maxnreg": gluon_batch.MAXNREG, "aligned": True}),
         # kv_qat's FP4 entries: the selected rows decoded for the attention
         "entries_fp4": (entries_fp4.csa2_entries_fp4_kernel, entries_trt.kernel_signature(bf16),
                         {"C": 256, "CP": 256, "ROWS": entries_fp4.ROWS}),

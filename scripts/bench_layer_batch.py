@@ -161,10 +161,12 @@ def layer_inputs(batch: int, ctx: int, gen: torch.Generator) -> dict:
 
 
 def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool,
-               topk_over: dict | None = None, fp4_queries: str = "qat") -> dict:
+               topk_over: dict | None = None, fp4_queries: str = "qat",
+               attn_over: dict | None = None) -> dict:
     x = layer_inputs(batch, ctx, gen)
     fq = FP4_QUERIES[fp4_queries]
-    attn, topk = attn_kernel.SparseAttentionLauncher(), StableTopkLauncher(overrides=topk_over or {})
+    attn = attn_kernel.SparseAttentionLauncher(overrides=attn_over or {})
+    topk = StableTopkLauncher(overrides=topk_over or {})
     scale = HEAD_DIM ** -0.5
 
     def index(kind):
@@ -478,6 +480,8 @@ def report(res: dict) -> str:
             f"copy {res['bw_GBps']:.0f} GB/s")
     if res.get("topk_overrides"):
         head += f"  top-k overrides {res['topk_overrides']}"
+    if res.get("attn_overrides"):
+        head += f"  attention overrides {res['attn_overrides']}"
     head += f"  FP4 layers' index queries: {res.get('fp4_queries', 'bf16')}"
     columns = ("| batch | context | dense roofline | Full (bf16 keys) | Full (FP4 keys) | Reindex (mask) | "
                "Reindex (list) | Reindex (list, FP4 keys) | Reuse | index / FP4 / pool mask / pool list / "
@@ -575,6 +579,9 @@ def main() -> None:
     ap.add_argument("--topk-over", default="",
                     help="time the layers with these top-k launcher overrides (KEY=VALUE,..., "
                     "e.g. COLLECT=chunk; integers as integers)")
+    ap.add_argument("--attn-over", default="",
+                    help="time the layers with these sparse-attention launcher overrides (KEY=VALUE,..., "
+                    "e.g. PDL=False: the Gluon launch without programmatic dependent launch)")
     ap.add_argument("--fp4-configs", default="", help="sweep the FP4 index kernel's launch "
                     "(BLOCK_N:BLOCKS:num_warps:STAGES[:b][:s|:n][:rREGS],...) instead of timing the layers")
     ap.add_argument("--fp4-queries", choices=sorted(FP4_QUERIES), default="qat",
@@ -610,6 +617,8 @@ def main() -> None:
         for split in digits:
             digit_passes(split)  # widths 1..11 adding up to 32, or a ValueError naming them
         topk_over = parse_overrides(args.topk_over)
+        attn_over = parse_overrides(args.attn_over, attn_kernel.SparseAttentionLauncher.OVERRIDES,
+                                    "--attn-over", "sparse-attention")
         topk_custom = [parse_overrides(item, option="--topk-sweep")
                        for item in filter(None, args.topk_sweep.split(";"))]
         topk_kinds = tuple(filter(None, args.topk_kinds.split(",")))
@@ -625,7 +634,8 @@ def main() -> None:
     bw = ceilings(quick=True)["copy_GBps"]
     res = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "torch": torch.__version__, "triton": triton.__version__, "bw_GBps": bw,
-           "topk_overrides": topk_over, "fp4_queries": args.fp4_queries, "cases": []}
+           "topk_overrides": topk_over, "attn_overrides": attn_over, "fp4_queries": args.fp4_queries,
+           "cases": []}
     gen = torch.Generator(device="cuda").manual_seed(0)
     topk_blocks = [int(b) for b in filter(None, args.topk_blocks.split(","))]
     topk_ranks = [int(r) for r in filter(None, args.topk_ranks.split(","))]
@@ -670,7 +680,8 @@ def main() -> None:
     for ctx in contexts:
         for batch in tqdm(batches, desc=f"layers at {ctx}"):
             res["cases"].append({"batch": batch, "context": ctx}
-                                | batch_case(batch, ctx, gen, bw, args.cold, topk_over, args.fp4_queries))
+                                | batch_case(batch, ctx, gen, bw, args.cold, topk_over, args.fp4_queries,
+                                             attn_over))
             torch.cuda.empty_cache()
             (out / "bench_layer_batch.json").write_text(json.dumps(res, indent=1))
     log.info("\n%s", report(res))

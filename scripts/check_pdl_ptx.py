@@ -20,9 +20,10 @@ def check() -> list[str]:
     from dsflash.plugins.pdl import memory_before_wait, pdl_kernel_specs
 
     problems = []
-    for name, (kernel, signature, constants) in pdl_kernel_specs().items():
-        on = compile_ptx(kernel, signature, constants | {"PDL": True}, num_warps=4).ptx
-        off = compile_ptx(kernel, signature, constants | {"PDL": False}, num_warps=4).ptx
+    for name, (kernel, signature, constants, *options) in pdl_kernel_specs().items():
+        build = {"num_warps": 4} | (options[0] if options else {})
+        on = compile_ptx(kernel, signature, constants | {"PDL": True}, **build).ptx
+        off = compile_ptx(kernel, signature, constants | {"PDL": False}, **build).ptx
         early = memory_before_wait(on)
         if "griddepcontrol.wait" not in on or "griddepcontrol.launch_dependents" not in on:
             problems.append(f"{name}: PDL on, but no griddepcontrol.wait / launch_dependents in its PTX")

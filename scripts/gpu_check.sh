@@ -78,6 +78,11 @@ if [ "$bench" = 1 ]; then
   python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\]" | tail -36
   python3 scripts/bench_layer_batch.py --out "$OUT" 2>&1 | tee "$OUT/bench_layer_batch.log" \
     | grep -v "it/s\]" | tail -8
+  # the same layers with the Gluon attention launched without PDL (docs, session 51: its launch
+  # behind the top-k's rank with PDL, new, untimed when added)
+  mkdir -p "$OUT/attn_no_pdl"
+  python3 scripts/bench_layer_batch.py --out "$OUT/attn_no_pdl" --batches 16,32,64,128 --attn-over PDL=False \
+    2>&1 | tee "$OUT/bench_layer_batch_attn_no_pdl.log" | grep -v "it/s\]" | tail -6
   # a listed pool's and a Full layer's top-k: the defaults against the fused passes with no early
   # stop, with other stops, with a launch per pass, with rank programs of 4 warps comparing 256
   # keys, with the collect and the passes in their former widths, and with the live collect over

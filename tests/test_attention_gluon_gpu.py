@@ -165,3 +165,40 @@ def test_gluon_attention_under_graph_replay(gen):
         graph.replay()
         torch.cuda.synchronize()
         assert_kernel_matches(out.clone(), attn_ref.csa2_sparse_attention, fresh, {}, BF16, "gluon replay")
+
+
+def test_gluon_attention_launched_behind_the_topk_that_writes_its_ids(gen):
+    """PDL (on by default on sm_90): the Gluon launch may start while the top-k's rank launch
+    before it still writes the ids it reads. Captured as a decode step is (top-k, then attention;
+    32 rows: two splits, then the combine), and replayed over fresh scores, so that ids read too
+    early would be the last replay's: each replay matches the reference on the ids the top-k
+    returned, and equals, bit for bit, the same chain with PDL off."""
+    from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
+
+    rows, n = 32, 5000
+    q, kv, _, win, wmask, sink, scale = cuda(*attention_inputs(gen, rows, n=n))
+    scores = torch.randn(1, rows, n, generator=gen).cuda()
+    chains = {}
+    for pdl in (True, False):
+        topk = StableTopkLauncher(overrides={"PDL": pdl})
+        attention = attn_kernel.SparseAttentionLauncher(overrides={"PDL": pdl})
+        assert attention._config(q)[0]["GLUON"]
+        attention(q, kv, topk(scores, 512)[1], win, wmask, sink, scale)  # compile, workspaces
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ids = topk(scores, 512)[1]
+            out = attention(q, kv, ids, win, wmask, sink, scale)
+        chains[pdl] = (graph, ids, out)
+    for step in range(3):
+        scores.copy_(torch.randn(1, rows, n, generator=gen))
+        got = {}
+        for pdl, (graph, ids, out) in chains.items():
+            graph.replay()
+            torch.cuda.synchronize()
+            got[pdl] = (ids.clone(), out.clone())
+        assert torch.equal(got[True][0], got[False][0]), f"replay {step}: the top-k's ids"
+        assert torch.equal(got[True][1], got[False][1]), f"replay {step}: PDL on and off differ"
+        args = (q.cpu(), kv.cpu(), got[True][0].cpu(), win.cpu(), wmask.cpu(), sink.cpu(), scale)
+        assert_kernel_matches(got[True][1], attn_ref.csa2_sparse_attention, args, {}, BF16,
+                              f"behind the top-k, replay {step}")

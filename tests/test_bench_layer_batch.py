@@ -59,6 +59,8 @@ def test_layer_bytes_grow_with_the_batch_and_bound_the_speed_ups(bench):
     (["--topk-over", "ties=chunk"], "--topk-over: 'ties' is not a top-k override"),
     (["--topk-over", "TIES="], "--topk-over: 'TIES=' is not KEY=VALUE"),
     (["--topk-kinds", "full,mask"], "--topk-kinds: 'full,mask' is not a list of full, reindex, listed"),
+    (["--attn-over", "PDL"], "--attn-over: 'PDL' is not KEY=VALUE"),
+    (["--attn-over", "TIES=chunk"], "--attn-over: 'TIES' is not a sparse-attention override"),
 ])
 def test_bad_sizes_are_refused_by_name(tmp_path, args, message):
     bad = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), *args], capture_output=True,

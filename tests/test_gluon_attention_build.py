@@ -22,29 +22,31 @@ import json, sys
 import torch
 from dsflash.plugins.csa2_sparse_attention.gluon_batch import compile_sm90
 split, dim, dtype, out = sys.argv[1] == "1", int(sys.argv[2]), getattr(torch, sys.argv[3]), sys.argv[4]
-keys, stages = int(sys.argv[5]), int(sys.argv[6])
-c = compile_sm90(split, dim, dtype, block_keys=keys, stages=stages)
+keys, stages, pdl = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7] == "1"
+c = compile_sm90(split, dim, dtype, block_keys=keys, stages=stages, pdl=pdl)
 open(out + ".ptx", "w").write(c.asm["ptx"])
 json.dump({"num_warps": c.metadata.num_warps, "shared": c.metadata.shared}, open(out + ".json", "w"))
 """
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("split,dim,dtype,keys,stages", [
-    (True, 512, "bfloat16", 64, 2), (False, 512, "bfloat16", 64, 2), (True, 256, "float16", 64, 2),
-    (False, 64, "float16", 64, 2), (True, 64, "bfloat16", 64, 2),
+@pytest.mark.parametrize("split,dim,dtype,keys,stages,pdl", [
+    (True, 512, "bfloat16", 64, 2, True), (False, 512, "bfloat16", 64, 2, False),
+    (True, 256, "float16", 64, 2, False), (False, 64, "float16", 64, 2, True),
+    (True, 64, "bfloat16", 64, 2, False),
     # GLUON_KB / GLUON_STAGES: 32-key blocks in 3 and 4 stages at the released sizes
-    (False, 512, "bfloat16", 32, 4), (True, 512, "bfloat16", 32, 3)])
-def test_gluon_attention_builds_as_designed(tmp_path, split, dim, dtype, keys, stages):
+    (False, 512, "bfloat16", 32, 4, False), (True, 512, "bfloat16", 32, 3, False)])
+def test_gluon_attention_builds_as_designed(tmp_path, split, dim, dtype, keys, stages, pdl):
     import torch
 
     from dsflash.plugins.csa2_sparse_attention.kernel import SM90_SHARED_BYTES, gluon_shared_bytes
+    from dsflash.plugins.pdl import memory_before_wait
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "kernel"
-    run = subprocess.run([sys.executable, "-c", COMPILE, "1" if split else "0", str(dim), dtype, str(out),
-                          str(keys), str(stages)], env=env, capture_output=True, text=True, timeout=300,
-                         check=False)
+    argv = ["1" if split else "0", str(dim), dtype, str(out), str(keys), str(stages), "1" if pdl else "0"]
+    run = subprocess.run([sys.executable, "-c", COMPILE, *argv], env=env, capture_output=True, text=True,
+                         timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     meta = json.loads((tmp_path / "kernel.json").read_text())
     ptx = (tmp_path / "kernel.ptx").read_text()
@@ -64,6 +66,14 @@ def test_gluon_attention_builds_as_designed(tmp_path, split, dim, dtype, keys, s
     assert len(re.findall(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], 256;", ptx)) == stages
     # the partitions' barriers are named ones of their own warps (a CTA-wide bar.sync 0 would hang)
     assert re.search(r"bar\.sync \t0, 256;", ptx) and re.search(r"bar\.sync \t\d+, 128;", ptx)
+    # PDL (the JIT launch's build on sm_90; TensorRT's has none): one wait, in the default warps'
+    # prologue, ahead of every global memory access in the PTX; the softmax warps' partition
+    # starts at a named barrier (bar 1) that the default warps reach after it
+    # (gluon_batch._wait_for_earlier_grids)
+    assert ptx.count("griddepcontrol.wait") == ptx.count("griddepcontrol.launch_dependents") == int(pdl)
+    if pdl:
+        wait = ptx.index("griddepcontrol.wait")
+        assert not memory_before_wait(ptx) and ptx.index("barrier.sync \t1;") > wait
     if split:  # the fp32 partial leaves straight from the accumulator, 8 bytes per thread and store
         assert ptx.count("st.global.v2.b32") == 64 * dim // 256 // 2
     else:  # the finished rows leave through shared memory in 16-byte vectors

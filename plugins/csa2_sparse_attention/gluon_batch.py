@@ -30,7 +30,8 @@ every partition within the kernel's register limit, and 16 warps at the 154 regi
 accumulator's wgmma needs exceed the SM's 64K. No interpreter form: Gluon kernels compile for the
 GPU only; the Triton kernel stays the launch on the CPU, for other shapes and for fp32. TensorRT
 gets it as the attention plugin's GLUON tactic (trt.py, unsplit; compile_sm90 below builds the
-same PTX offline).
+same PTX offline). The JIT launch uses programmatic dependent launch (PDL) as the Triton kernels
+of the decode chain do (plugins/pdl.py; _wait_for_earlier_grids); the TensorRT builds do not.
 """
 
 from __future__ import annotations
@@ -66,6 +67,20 @@ def _block_keys(j, row, N, T, K, sel_blocks, idx_ptr, wmask_ptr, KB: gl.constexp
     win = gl.load(wmask_ptr + row * T + t, mask=in_win, other=0) != 0
     valid = gl.where(in_sel, (sel >= 0) & (sel < N), win)
     return sel, t, valid
+
+
+@gluon.jit
+def _wait_for_earlier_grids():
+    """pdl.wait_for_earlier_grids for this kernel: griddepcontrol.wait, then launch_dependents,
+    before anything touches memory. The default warps run it ahead of gl.warp_specialize; the
+    softmax warpgroup starts its partition only after they reach it (a named barrier), and the
+    wait makes the earlier grids' writes visible to the whole grid (PTX ISA, griddepcontrol), so
+    one wait covers both partitions. Launched this way, the kernel's programs are set up while
+    the top-k's rank launch before it finishes; each one still takes a whole SM (its 12 warps at
+    MAXNREG registers fill the register file), so it starts only on an SM the rank has left."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
 
 
 @gluon.constexpr_function
@@ -251,11 +266,14 @@ def csa2_sparse_attention_ws_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, 
                                     blocks_per_split, out_ptr, acc_ptr, ml_ptr,
                                     H: gl.constexpr, D: gl.constexpr, SCALE: gl.constexpr,
                                     KB: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr,
-                                    num_warps: gl.constexpr):
+                                    num_warps: gl.constexpr, PDL: gl.constexpr = False):
     """Grid (B * S query rows, 1, key splits); num_warps 8 (the default partition) plus the
     softmax warpgroup; launch with maxnreg MAXNREG. Arguments as csa2_sparse_attention_kernel's
     (the split form writes acc_ptr [rows, P, H, D] and ml_ptr [rows, P, 2, H], the unsplit
-    out_ptr)."""
+    out_ptr). PDL: launched with programmatic dependent launch (plugins/pdl.py; off in the AOT
+    builds, which TensorRT launches itself)."""
+    if PDL:
+        _wait_for_earlier_grids()
     row = gl.program_id(0).to(gl.int64)
     b = row // S
     sel_blocks = gl.cdiv(K, KB)
@@ -295,12 +313,13 @@ def csa2_sparse_attention_ws_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, 
     ], [SOFTMAX_WARPS], [SOFTMAX_REGS])
 
 
-def compile_sm90(split: bool, dim: int = 512, dtype=None, block_keys: int = 64, stages: int = 2):
+def compile_sm90(split: bool, dim: int = 512, dtype=None, block_keys: int = 64, stages: int = 2,
+                 pdl: bool = False):
     """The kernel compiled for sm_90 without a GPU, as the JIT launch builds it (64 heads, int64
     ids, 16-byte aligned pointers, `dtype` operands: torch.bfloat16 by default): Triton's compiled
     kernel, with its PTX and metadata (shared memory, warps), for checks of the build on any
     machine. The types are the Triton kernel's (trt.kernel_signature): both kernels take the same
-    arguments."""
+    arguments. `pdl`: the build the JIT launch takes on sm_90 (the PDL constant on)."""
     import torch
 
     from dsflash.plugins.aot import compile_kernel
@@ -308,7 +327,7 @@ def compile_sm90(split: bool, dim: int = 512, dtype=None, block_keys: int = 64, 
 
     types = kernel_signature(dtype or torch.bfloat16)
     consts = {"H": 64, "D": dim, "SCALE": dim ** -0.5, "KB": block_keys, "STAGES": stages, "SPLIT": split,
-              "num_warps": 8}
+              "num_warps": 8, "PDL": pdl}
     pointers = tuple(a for a, t in types.items() if t.startswith("*"))
     return compile_kernel(csa2_sparse_attention_ws_kernel, types, consts, 8, divisible_by_16=pointers,
                           maxnreg=MAXNREG)

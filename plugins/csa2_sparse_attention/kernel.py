@@ -395,7 +395,7 @@ def _launch_attention(q, kv, idx, win, wmask, sink, scale, cfg, pdl, per, n_spli
     split = outs[0] is None
     if cfg.pop("GLUON", False):
         _launch_gluon(q, kv, idx, win, wmask, sink, scale, per, n_split, outs, cfg["GLUON_KB"],
-                      cfg["GLUON_STAGES"])
+                      cfg["GLUON_STAGES"], pdl)
         return
     # a split runs one key block: nothing for the software pipeline to overlap, and its
     # buffers cost time (H200 sweep at decode: 7.4 us unpipelined vs 8.7 us with 3 stages)
@@ -409,9 +409,10 @@ def _launch_attention(q, kv, idx, win, wmask, sink, scale, cfg, pdl, per, n_spli
         H=h, D=d, SCALE=float(scale), SPLIT=split, num_stages=stages, **cfg, **pdl)
 
 
-def _launch_gluon(q, kv, idx, win, wmask, sink, scale, per, n_split, outs, block_keys: int, stages: int):
+def _launch_gluon(q, kv, idx, win, wmask, sink, scale, per, n_split, outs, block_keys: int, stages: int,
+                  pdl: dict):
     """One launch of gluon_batch.csa2_sparse_attention_ws_kernel (8 + 4 warps, maxnreg 168) in
-    `stages` stages of `block_keys` keys."""
+    `stages` stages of `block_keys` keys; `pdl` as the Triton kernel's (pdl_launch_args)."""
     from dsflash.plugins.csa2_sparse_attention import gluon_batch
 
     b, s, h, d = q.shape
@@ -422,7 +423,7 @@ def _launch_gluon(q, kv, idx, win, wmask, sink, scale, per, n_split, outs, block
         wmask.contiguous().view(torch.uint8), sink.contiguous(), s, kv.shape[1], win.shape[1],
         idx.shape[2], per, some if out is None else out, some if acc is None else acc,
         some if ml is None else ml, H=h, D=d, SCALE=float(scale), KB=block_keys, STAGES=stages,
-        SPLIT=out is None, num_warps=8, maxnreg=gluon_batch.MAXNREG)
+        SPLIT=out is None, num_warps=8, maxnreg=gluon_batch.MAXNREG, **pdl)
 
 
 def _launch_combine(q, acc, ml, sink, n_split: int, out, pdl):
