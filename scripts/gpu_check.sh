@@ -83,6 +83,12 @@ if [ "$bench" = 1 ]; then
   mkdir -p "$OUT/attn_no_pdl"
   python3 scripts/bench_layer_batch.py --out "$OUT/attn_no_pdl" --batches 16,32,64,128 --attn-over PDL=False \
     2>&1 | tee "$OUT/bench_layer_batch_attn_no_pdl.log" | grep -v "it/s\]" | tail -6
+  # ... and with the split partials divided by their sums in 16 bits (NORMED_PARTS; session 51,
+  # untimed when added: half the partials' bytes where the Gluon form splits: up to 33 rows)
+  mkdir -p "$OUT/attn_normed"
+  python3 scripts/bench_layer_batch.py --out "$OUT/attn_normed" --batches 4,8,16,32,64 \
+    --attn-over NORMED_PARTS=True 2>&1 | tee "$OUT/bench_layer_batch_attn_normed.log" \
+    | grep -v "it/s\]" | tail -7
   # a listed pool's and a Full layer's top-k: the defaults against the fused passes with no early
   # stop, with other stops, with a launch per pass, with rank programs of 4 warps comparing 256
   # keys, with the collect and the passes in their former widths, and with the live collect over

@@ -45,6 +45,22 @@ def test_default_launch_takes_gluon_from_gluon_rows(gen, s):
     assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, f"default launch, {s} rows")
 
 
+@pytest.mark.parametrize("s", [2, 3, 20, 32])
+def test_gluon_attention_normed_partials(gen, s):
+    """NORMED_PARTS: the split programs divide their partial by its sum and write it in 16 bits
+    through the unsplit form's store, the combine weighs it back (2 / 3 / 20 / 32 rows: 11 / 11 /
+    3 / 2 splits on 132 SMs; the last row has no key at all, so each of its splits has l = 0 and
+    writes zeros). Also the same launch with fp32 partials, to the same rule."""
+    args = attention_inputs(gen, s)
+    args[2][0, -1] = -1
+    args[4][0, -1] = False
+    for over in ({"NORMED_PARTS": True, "GLUON": True}, GLUON):
+        poison_allocator()
+        got = attn_kernel.SparseAttentionLauncher(overrides=over)(*cuda(*args))
+        assert torch.count_nonzero(got[0, -1]) == 0, over
+        assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, f"gluon {over}, {s} rows")
+
+
 @pytest.mark.parametrize("s", [3, 67])
 def test_gluon_attention_unsplit(gen, s):
     """n_split 1: the softmax partition hands the final max and sum to the accumulating one, which

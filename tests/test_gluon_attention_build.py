@@ -22,21 +22,23 @@ import json, sys
 import torch
 from dsflash.plugins.csa2_sparse_attention.gluon_batch import compile_sm90
 split, dim, dtype, out = sys.argv[1] == "1", int(sys.argv[2]), getattr(torch, sys.argv[3]), sys.argv[4]
-keys, stages, pdl = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7] == "1"
-c = compile_sm90(split, dim, dtype, block_keys=keys, stages=stages, pdl=pdl)
+keys, stages, pdl, normed = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7] == "1", sys.argv[8] == "1"
+c = compile_sm90(split, dim, dtype, block_keys=keys, stages=stages, pdl=pdl, normed=normed)
 open(out + ".ptx", "w").write(c.asm["ptx"])
 json.dump({"num_warps": c.metadata.num_warps, "shared": c.metadata.shared}, open(out + ".json", "w"))
 """
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("split,dim,dtype,keys,stages,pdl", [
-    (True, 512, "bfloat16", 64, 2, True), (False, 512, "bfloat16", 64, 2, False),
-    (True, 256, "float16", 64, 2, False), (False, 64, "float16", 64, 2, True),
-    (True, 64, "bfloat16", 64, 2, False),
+@pytest.mark.parametrize("split,dim,dtype,keys,stages,pdl,normed", [
+    (True, 512, "bfloat16", 64, 2, True, False), (False, 512, "bfloat16", 64, 2, False, False),
+    (True, 256, "float16", 64, 2, False, False), (False, 64, "float16", 64, 2, True, False),
+    (True, 64, "bfloat16", 64, 2, False, False),
     # GLUON_KB / GLUON_STAGES: 32-key blocks in 3 and 4 stages at the released sizes
-    (False, 512, "bfloat16", 32, 4, False), (True, 512, "bfloat16", 32, 3, False)])
-def test_gluon_attention_builds_as_designed(tmp_path, split, dim, dtype, keys, stages, pdl):
+    (False, 512, "bfloat16", 32, 4, False, False), (True, 512, "bfloat16", 32, 3, False, False),
+    # NORMED_PARTS: the split form's 16-bit partials, each divided by its sum
+    (True, 512, "bfloat16", 64, 2, True, True), (True, 256, "float16", 32, 4, False, True)])
+def test_gluon_attention_builds_as_designed(tmp_path, split, dim, dtype, keys, stages, pdl, normed):
     import torch
 
     from dsflash.plugins.csa2_sparse_attention.kernel import SM90_SHARED_BYTES, gluon_shared_bytes
@@ -44,7 +46,8 @@ def test_gluon_attention_builds_as_designed(tmp_path, split, dim, dtype, keys, s
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "kernel"
-    argv = ["1" if split else "0", str(dim), dtype, str(out), str(keys), str(stages), "1" if pdl else "0"]
+    argv = ["1" if split else "0", str(dim), dtype, str(out), str(keys), str(stages), "1" if pdl else "0",
+            "1" if normed else "0"]
     run = subprocess.run([sys.executable, "-c", COMPILE, *argv], env=env, capture_output=True, text=True,
                          timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -74,7 +77,7 @@ def test_gluon_attention_builds_as_designed(tmp_path, split, dim, dtype, keys, s
     if pdl:
         wait = ptx.index("griddepcontrol.wait")
         assert not memory_before_wait(ptx) and ptx.index("barrier.sync \t1;") > wait
-    if split:  # the fp32 partial leaves straight from the accumulator, 8 bytes per thread and store
+    if split and not normed:  # the fp32 partial leaves straight from the accumulator, 8 bytes a store
         assert ptx.count("st.global.v2.b32") == 64 * dim // 256 // 2
-    else:  # the finished rows leave through shared memory in 16-byte vectors
-        assert "st.global.v4" in ptx and "stmatrix" in ptx
+    else:  # the finished rows (or the normed 16-bit partials) leave through shared memory in 16-byte vectors
+        assert "st.global.v4" in ptx and "stmatrix" in ptx and "st.global.v2.b32" not in ptx

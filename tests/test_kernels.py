@@ -568,7 +568,7 @@ def test_sparse_attention_refuses_bad_gather_options(gen, over, message):
         attn_kernel.SparseAttentionLauncher(overrides=over)(*_dev(*args))
 
 
-@pytest.mark.parametrize("over", [None, {"GLUON": False}, {"INDEX_AHEAD": False}])
+@pytest.mark.parametrize("over", [None, {"GLUON": False}, {"INDEX_AHEAD": False}, {"NORMED_PARTS": True}])
 def test_sparse_attention_launch_passes_only_kernel_parameters(gen, monkeypatch, over):
     """Every keyword the launcher hands csa2_sparse_attention_kernel is one of its parameters or a
     launch option: the interpreter ignores unknown keywords, a GPU launch raises on them (the
@@ -603,8 +603,9 @@ def test_sparse_attention_lists_every_override_it_reads():
                ((64, 512, False, 1), (64, 512, False, 20), (64, 512, False, 200), (16, 64, True, None))]
     assert set().union(*configs) <= over
     assert {"INDEX_AHEAD", "PREFETCH"} <= over & params
-    # PDL is a kernel constant
-    assert over - params == {"num_warps", "num_stages", "GLUON", "GLUON_KB", "GLUON_STAGES"}
+    # PDL is a kernel constant; NORMED_PARTS sets the split launches' NORMED
+    assert over - params == {"num_warps", "num_stages", "GLUON", "GLUON_KB", "GLUON_STAGES", "NORMED_PARTS"}
+    assert "NORMED" in params
 
 
 def test_is_pow2_takes_int_powers_of_two_and_zero_only_where_asked():
@@ -648,6 +649,54 @@ def test_split_attention_kernels(gen, dtype, b, s, h, d, n, k, t, block_keys, ta
     assert torch.count_nonzero(out[-1, -1]) == 0
     assert_kernel_matches(out, attn_ref.csa2_sparse_attention, args, {}, dtype,
                           f"Csa2SparseAttentionSplit + Csa2AttentionCombine, {n_split} splits")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b,s,h,d,n,k,t,block_keys,target", [
+    (2, 3, 5, 24, 40, 7, 11, 16, 10),     # 2 splits
+    (1, 1, 20, 40, 90, 50, 30, 16, 66)])  # decode: 6 splits of one block
+def test_combine_of_normed_partials(gen, dtype, b, s, h, d, n, k, t, block_keys, target):
+    """csa2_attention_combine_normed (the combine kernel's NORMED form) against its reference, on
+    the split kernel's partials each divided by its sum and rounded to the operands' dtype (a row
+    with no key: l = 0, zeros), and against the one-node reference."""
+    args = attention_case(gen, dtype, b, s, h, d, n, k, t)
+    acc, ml = attn_kernel.csa2_sparse_attention_split(*_dev(*args), block_keys=block_keys,
+                                                      split_target=target)
+    l_p = ml[:, :, :, 1].unsqueeze(-1)
+    parts = torch.where(l_p > 0, acc / l_p, 0.0).to(dtype).cpu()
+    normed_args = (args[0], parts, ml.cpu(), args[5])
+    out = attn_kernel.csa2_attention_combine_normed(*_dev(*normed_args))
+    assert torch.count_nonzero(out[-1, -1]) == 0
+    assert_kernel_matches(out, attn_ref.csa2_attention_combine_normed, normed_args, {}, dtype,
+                          "Csa2AttentionCombine, normed partials")
+    assert_kernel_matches(out, attn_ref.csa2_sparse_attention, args, {}, dtype,
+                          "split + combine of normed partials")
+    with pytest.raises(ValueError, match="acc has dtype torch.float16"):
+        attn_kernel.csa2_attention_combine_normed(*_dev(args[0], parts.half(), ml, args[5]))
+
+
+@pytest.mark.parametrize("rows,n_split", [(2, None), (3, 2), (20, 3)])
+def test_sparse_attention_with_normed_partials(gen, monkeypatch, rows, n_split):
+    """NORMED_PARTS: the split launch writes each partial divided by its sum in the operands'
+    dtype and the combine weighs it back; the output matches the reference (a row with no key
+    among them), and the combine did get partials of that dtype, NORMED."""
+    args = attention_case(gen, torch.float32, 1, rows, 64, 64, 300, 40, 70)
+    seen = []
+    combine = attn_kernel._launch_combine
+
+    def spy(q, acc, ml, sink, n, out, pdl, normed=False):
+        seen.append((acc.dtype, normed, n))
+        return combine(q, acc, ml, sink, n, out, pdl, normed)
+
+    monkeypatch.setattr(attn_kernel, "_launch_combine", spy)
+    launcher = attn_kernel.SparseAttentionLauncher(overrides={"NORMED_PARTS": True})
+    got = launcher(*_dev(*args), n_split=n_split)
+    assert seen and all(normed and dtype == args[0].dtype and n > 1 for dtype, normed, n in seen)
+    assert torch.count_nonzero(got[-1, -1]) == 0
+    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, torch.float32,
+                          f"normed partials, {rows} rows")
+    with pytest.raises(ValueError, match="NORMED_PARTS 'yes' must be True or False"):
+        attn_kernel.SparseAttentionLauncher(overrides={"NORMED_PARTS": "yes"})(*_dev(*args))
 
 
 @pytest.mark.parametrize("nsp,chunk", [(8, 4), (8, 2), (16, 8)])

@@ -117,8 +117,10 @@ def _gather(src, valid, stage, ready, D: gl.constexpr, WARPS: gl.constexpr):
 @gluon.jit
 def _softmax(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sink_ptr, ml_ptr, row, b, N, T, K, sel_blocks,
              first, n_iter, part, smem, bars, H: gl.constexpr, D: gl.constexpr, SCALE: gl.constexpr,
-             KB: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr):
-    """The logits of each block once, the online softmax, p and the rescale factor out."""
+             KB: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr, NORMED: gl.constexpr):
+    """The logits of each block once, the online softmax, p and the rescale factor out; at the
+    end the split's max and sum to ml_ptr (SPLIT) and, where the accumulating partition divides by
+    them (unsplit, or NORMED), to it through shared memory."""
     q_smem, kv_smem, p_smem, alpha_smem, stat_smem = smem
     kv_ready, p_ready, p_empty, done = bars
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[SOFTMAX_WARPS, 1],
@@ -169,7 +171,7 @@ def _softmax(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sink_ptr, ml_ptr, row, 
         plane = part * 2 * H + h
         gl.store(ml_ptr + plane, m_i)
         gl.store(ml_ptr + plane + H, l_i)
-    else:
+    if not SPLIT or NORMED:
         stat_smem.index(0).store(m_i)
         stat_smem.index(1).store(l_i)
         gl.thread_barrier()
@@ -203,10 +205,12 @@ def _store_rows(tile, dst_ptr, kv_smem, H: gl.constexpr, D: gl.constexpr, WARPS:
 @gluon.jit
 def _accumulate(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sink_ptr, out_ptr, acc_ptr, row, b, N, T, K,
                 sel_blocks, first, n_iter, part, smem, bars, H: gl.constexpr, D: gl.constexpr,
-                KB: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr, WARPS: gl.constexpr):
+                KB: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr, NORMED: gl.constexpr,
+                WARPS: gl.constexpr):
     """The default partition (two warpgroups, each half of the [H, D] fp32 accumulator): start
     the first STAGES gathers; per block acc = acc * alpha + p V, then refill the freed stage with
-    the block STAGES ahead at once; at the end the partial or the finished row."""
+    the block STAGES ahead at once; at the end the partial (fp32, or NORMED: divided by its sum,
+    16-bit) or the finished row."""
     q_smem, kv_smem, p_smem, alpha_smem, stat_smem = smem
     kv_ready, p_ready, p_empty, done = bars
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
@@ -244,13 +248,21 @@ def _accumulate(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sink_ptr, out_ptr, a
         mbarrier.arrive(p_empty.index(pb), count=1)
         if i + STAGES < n_iter:  # the softmax partition read this stage before it sent p
             _gather(src, valid, kv_smem.index(s), kv_ready.index(s), D, WARPS)
-    if SPLIT:
+    if SPLIT and not NORMED:
         # the fp32 partial straight from the registers: each warp store covers whole 32-byte
         # sectors (8 rows x 32 bytes), and the round trip through shared memory cost more (H100:
         # 16 rows in 4 splits 11.9 us against 13.4, 32 rows in 2 splits 16.5 against 17.5)
         hh = gl.arange(0, H, layout=heads_l)
         dd = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
         gl.store(acc_ptr + part * H * D + gl.expand_dims(hh * D, 1) + gl.expand_dims(dd, 0), acc)
+    elif SPLIT:
+        # the partial divided by its own sum, in the operands' 16 bits (the combine weighs it back
+        # by the sum): half the fp32 partial's bytes out here and into the combine, through the
+        # unsplit form's store. A split that saw no key has l = 0 and writes zeros (weight 0).
+        mbarrier.wait(done.index(0), 0)
+        l_i = stat_smem.index(1).load(heads_l)
+        out = acc * gl.expand_dims(gl.where(l_i > 0, 1.0 / l_i, 0.0), 1)
+        _store_rows(out.to(acc_ptr.dtype.element_ty), acc_ptr + part * H * D, kv_smem, H, D, WARPS)
     else:
         mbarrier.wait(done.index(0), 0)
         m_i = stat_smem.index(0).load(heads_l)
@@ -266,12 +278,14 @@ def csa2_sparse_attention_ws_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, 
                                     blocks_per_split, out_ptr, acc_ptr, ml_ptr,
                                     H: gl.constexpr, D: gl.constexpr, SCALE: gl.constexpr,
                                     KB: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr,
-                                    num_warps: gl.constexpr, PDL: gl.constexpr = False):
+                                    num_warps: gl.constexpr, PDL: gl.constexpr = False,
+                                    NORMED: gl.constexpr = False):
     """Grid (B * S query rows, 1, key splits); num_warps 8 (the default partition) plus the
     softmax warpgroup; launch with maxnreg MAXNREG. Arguments as csa2_sparse_attention_kernel's
     (the split form writes acc_ptr [rows, P, H, D] and ml_ptr [rows, P, 2, H], the unsplit
-    out_ptr). PDL: launched with programmatic dependent launch (plugins/pdl.py; off in the AOT
-    builds, which TensorRT launches itself)."""
+    out_ptr). NORMED (split form only): each partial divided by its own sum, in acc_ptr's 16-bit
+    dtype (reference.csa2_attention_combine_normed reads it). PDL: launched with programmatic
+    dependent launch (plugins/pdl.py; off in the AOT builds, which TensorRT launches itself)."""
     if PDL:
         _wait_for_earlier_grids()
     row = gl.program_id(0).to(gl.int64)
@@ -307,27 +321,31 @@ def csa2_sparse_attention_ws_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, 
     bars = (kv_ready, p_ready, p_empty, done)
     gl.warp_specialize([
         (_accumulate, (q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sink_ptr, out_ptr, acc_ptr, row, b, N, T,
-                       K, sel_blocks, first, n_iter, part, smem, bars, H, D, KB, STAGES, SPLIT, num_warps)),
+                       K, sel_blocks, first, n_iter, part, smem, bars, H, D, KB, STAGES, SPLIT, NORMED,
+                       num_warps)),
         (_softmax, (q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sink_ptr, ml_ptr, row, b, N, T, K, sel_blocks,
-                    first, n_iter, part, smem, bars, H, D, SCALE, KB, STAGES, SPLIT)),
+                    first, n_iter, part, smem, bars, H, D, SCALE, KB, STAGES, SPLIT, NORMED)),
     ], [SOFTMAX_WARPS], [SOFTMAX_REGS])
 
 
 def compile_sm90(split: bool, dim: int = 512, dtype=None, block_keys: int = 64, stages: int = 2,
-                 pdl: bool = False):
+                 pdl: bool = False, normed: bool = False):
     """The kernel compiled for sm_90 without a GPU, as the JIT launch builds it (64 heads, int64
     ids, 16-byte aligned pointers, `dtype` operands: torch.bfloat16 by default): Triton's compiled
     kernel, with its PTX and metadata (shared memory, warps), for checks of the build on any
     machine. The types are the Triton kernel's (trt.kernel_signature): both kernels take the same
-    arguments. `pdl`: the build the JIT launch takes on sm_90 (the PDL constant on)."""
+    arguments. `pdl`: the build the JIT launch takes on sm_90 (the PDL constant on); `normed`: the
+    split form's 16-bit partials, each divided by its sum (the NORMED constant; acc_ptr in `dtype`)."""
     import torch
 
     from dsflash.plugins.aot import compile_kernel
     from dsflash.plugins.csa2_sparse_attention.trt import kernel_signature
 
     types = kernel_signature(dtype or torch.bfloat16)
+    if normed:
+        types["acc_ptr"] = types["q_ptr"]
     consts = {"H": 64, "D": dim, "SCALE": dim ** -0.5, "KB": block_keys, "STAGES": stages, "SPLIT": split,
-              "num_warps": 8, "PDL": pdl}
+              "num_warps": 8, "PDL": pdl, "NORMED": normed}
     pointers = tuple(a for a, t in types.items() if t.startswith("*"))
     return compile_kernel(csa2_sparse_attention_ws_kernel, types, consts, 8, divisible_by_16=pointers,
                           maxnreg=MAXNREG)

@@ -91,7 +91,8 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
                                  H: tl.constexpr, D: tl.constexpr, SCALE: tl.constexpr,
                                  BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
                                  SPLIT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False,
-                                 PREFETCH: tl.constexpr = 0, INDEX_AHEAD: tl.constexpr = False):
+                                 PREFETCH: tl.constexpr = 0, INDEX_AHEAD: tl.constexpr = False,
+                                 NORMED: tl.constexpr = False):
     # TensorRT's AOT order (inputs, integer scalars, outputs): the unsplit plugin passes out_ptr
     # (acc_ptr / ml_ptr compiled as None), the split plugin acc_ptr [B,S,P,H,D] and ml_ptr
     # [B,S,P,2,H] (out_ptr None). Contiguous tensors, so strides follow from the sizes; the
@@ -105,6 +106,9 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
     # PREFETCH > 0 (a power of two): the first PREFETCH key blocks are hinted into L2 before the
     # loops and each step hints the block PREFETCH ahead (_prefetch_keys), so more of the gather
     # is in flight than the shared-memory stages hold.
+    # NORMED (split form): each partial divided by its own sum, in acc_ptr's dtype (the operands':
+    # in 16 bits half the fp32 partial's bytes out and into the combine;
+    # csa2_attention_combine_normed reads them).
     wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     b = row // S
@@ -160,7 +164,9 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
         acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, kv, valid, SCALE, IEEE)
     if SPLIT:  # partial softmax of this run of keys, for the combine kernel
         part = (row * tl.num_programs(2) + tl.program_id(2)) * H + h  # [B*S, P, H] flat
-        tl.store(acc_ptr + part[:, None] * D + dd[None, :], acc, mask=hd_mask)
+        if NORMED:  # a split that saw no key has l = 0: zeros, weighted 0 by the combine
+            acc = acc * tl.where(l_i > 0, 1.0 / l_i, 0.0)[:, None]
+        tl.store(acc_ptr + part[:, None] * D + dd[None, :], acc.to(acc_ptr.dtype.element_ty), mask=hd_mask)
         # m and l as two planes of H: 16 heads' values in one contiguous store each (interleaved
         # (m, l) pairs cost 0.35 us more per decode step on the H200, 7.13 against 6.78 us)
         plane = (row * tl.num_programs(2) + tl.program_id(2)) * 2 * H + h
@@ -175,11 +181,14 @@ def csa2_sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, win_ptr, wmask_ptr, sin
 @triton.jit
 def csa2_attention_combine_kernel(q_ptr, acc_ptr, ml_ptr, sink_ptr, n_split, out_ptr, H: tl.constexpr,
                                   D: tl.constexpr, BLOCK_D: tl.constexpr, NSP: tl.constexpr,
-                                  PDL: tl.constexpr = False, CHUNK: tl.constexpr = 4):
+                                  PDL: tl.constexpr = False, CHUNK: tl.constexpr = 4,
+                                  NORMED: tl.constexpr = False):
     """Grid (query rows, heads): the n_split partial softmaxes of one head, weighted by
     exp(m_p - m) and normalised with the sink: the maxima and sums in one load each (NSP >=
     n_split), the outputs in chunks of CHUNK splits (a power of two <= NSP). q_ptr is the combine
-    plugin's first input, which gives the output its dtype; it is not read.
+    plugin's first input, which gives the output its dtype; it is not read. NORMED: each partial
+    was divided by its own sum l_p (the Gluon split form's 16-bit partials), so its weight is
+    exp(m_p - m) l_p.
 
     The JIT launch knows n_split and loads every split in one chunk. The AOT kernel serves any
     n_split up to splits.max_splits (NSP 32 at 512 dims), and one [32, 512] chunk takes 162
@@ -204,8 +213,10 @@ def csa2_attention_combine_kernel(q_ptr, acc_ptr, ml_ptr, sink_ptr, n_split, out
         part_row = row * n_split + first + cc
         live = first + cc < n_split
         w = tl.exp(tl.load(ml_ptr + part_row * 2 * H + h, mask=live, other=float("-inf")) - m_all)
+        if NORMED:
+            w = w * tl.load(ml_ptr + part_row * 2 * H + H + h, mask=live, other=0.0)
         part = tl.load(acc_ptr + (part_row * H + h)[:, None] * D + dd[None, :],
-                       mask=live[:, None] & (dd < D)[None, :], other=0.0)
+                       mask=live[:, None] & (dd < D)[None, :], other=0.0).to(tl.float32)
         out += tl.sum(w[:, None] * part, axis=0)
     tl.store(out_ptr + (row * H + h) * D + dd, (out / denom).to(out_ptr.dtype.element_ty), mask=dd < D)
 
@@ -245,14 +256,16 @@ class SparseAttentionLauncher(LauncherBase):
     # the override names the launcher reads: launch_config's entries, the pipeline depth, the
     # gather options, PDL and the Gluon choice (attention_ablation.py --attn-over checks against it)
     OVERRIDES = frozenset({"BLOCK_H", "BLOCK_K", "BLOCK_D", "IEEE", "num_warps", "num_stages", "INDEX_AHEAD",
-                           "PREFETCH", "PDL", "GLUON", "GLUON_KB", "GLUON_STAGES"})
+                           "PREFETCH", "PDL", "GLUON", "GLUON_KB", "GLUON_STAGES", "NORMED_PARTS"})
+    # overrides either form takes alike: with only these set, the launch still picks its form
+    FORM_NEUTRAL = frozenset({"PDL", "NORMED_PARTS"})
 
-    def _workspace(self, device, parts: int, dim: int):
-        """(acc [parts * dim], ml [parts * 2]) in fp32, at least that large."""
+    def _workspace(self, device, parts: int, dim: int, dtype: torch.dtype = torch.float32):
+        """(acc [parts * dim] in `dtype`, ml [parts * 2] in fp32), at least that large."""
         cap = next_pow2(parts)
         return self._reuse_or_make(
-            (device, dim), lambda ws: ws[1].numel() >= 2 * parts,
-            lambda: (torch.empty(cap * dim, dtype=torch.float32, device=device),
+            (device, dim, dtype), lambda ws: ws[1].numel() >= 2 * parts,
+            lambda: (torch.empty(cap * dim, dtype=dtype, device=device),
                      torch.empty(cap * 2, dtype=torch.float32, device=device)))
 
     def _config(self, q: torch.Tensor) -> tuple[dict, dict]:
@@ -263,7 +276,11 @@ class SparseAttentionLauncher(LauncherBase):
                 f"of two (key blocks hinted ahead)")
         require(isinstance(cfg.get("INDEX_AHEAD", False), bool),
                 f"Csa2SparseAttention: INDEX_AHEAD {cfg.get('INDEX_AHEAD')!r} must be True or False")
-        if not self._overrides:  # the default; a sweep of Triton settings (any override) stays Triton
+        require(isinstance(cfg.get("NORMED_PARTS", False), bool),
+                f"Csa2SparseAttention: NORMED_PARTS {cfg.get('NORMED_PARTS')!r} must be True or False")
+        # the default; a sweep of Triton settings (any override but the form-neutral ones) stays
+        # Triton
+        if not set(self._overrides) - self.FORM_NEUTRAL:
             cfg["GLUON"] = (splits.gluon_form(h, d, b * s, ieee=q.dtype == torch.float32)
                             and _gluon_problem(q) is None)
         gluon_keys = {"GLUON_KB", "GLUON_STAGES"} & set(self._overrides)
@@ -304,10 +321,12 @@ class SparseAttentionLauncher(LauncherBase):
             _launch_attention(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale, cfg, pdl,
                               per, 1, (out, None, None))
             return out
-        acc, ml = self._workspace(q_BSHD.device, b * s * n_split * h, d)
+        normed = cfg.get("NORMED_PARTS", False)
+        acc, ml = self._workspace(q_BSHD.device, b * s * n_split * h, d,
+                                  q_BSHD.dtype if normed else torch.float32)
         _launch_attention(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale, cfg, pdl,
                           per, n_split, (None, acc, ml))
-        _launch_combine(q_BSHD, acc, ml, sink_H.contiguous(), n_split, out, pdl)
+        _launch_combine(q_BSHD, acc, ml, sink_H.contiguous(), n_split, out, pdl, normed)
         return out
 
 
@@ -388,14 +407,17 @@ def check_gluon_blocks(heads: int, dim: int, dtype: torch.dtype, block_keys: int
 
 
 def _launch_attention(q, kv, idx, win, wmask, sink, scale, cfg, pdl, per, n_split, outs):
-    """One launch of csa2_sparse_attention_kernel: (out, None, None) unsplit, (None, acc, ml) split."""
+    """One launch of csa2_sparse_attention_kernel: (out, None, None) unsplit, (None, acc, ml) split
+    (acc in the operands' dtype with cfg's NORMED_PARTS: each partial divided by its sum)."""
     b, s, h, d = q.shape
     t = win.shape[1]
     cfg = dict(cfg)
     split = outs[0] is None
+    normed = split and cfg.pop("NORMED_PARTS", False)
+    cfg.pop("NORMED_PARTS", None)
     if cfg.pop("GLUON", False):
         _launch_gluon(q, kv, idx, win, wmask, sink, scale, per, n_split, outs, cfg["GLUON_KB"],
-                      cfg["GLUON_STAGES"], pdl)
+                      cfg["GLUON_STAGES"], pdl, normed)
         return
     # a split runs one key block: nothing for the software pipeline to overlap, and its
     # buffers cost time (H200 sweep at decode: 7.4 us unpipelined vs 8.7 us with 3 stages)
@@ -406,13 +428,14 @@ def _launch_attention(q, kv, idx, win, wmask, sink, scale, cfg, pdl, per, n_spli
         q.contiguous(), kv.contiguous(), idx.contiguous(), win.contiguous(),
         wmask.contiguous().view(torch.uint8), sink.contiguous(), s, kv.shape[1], t, idx.shape[2], per,
         some if out is None else out, some if acc is None else acc, some if ml is None else ml,
-        H=h, D=d, SCALE=float(scale), SPLIT=split, num_stages=stages, **cfg, **pdl)
+        H=h, D=d, SCALE=float(scale), SPLIT=split, NORMED=normed, num_stages=stages, **cfg, **pdl)
 
 
 def _launch_gluon(q, kv, idx, win, wmask, sink, scale, per, n_split, outs, block_keys: int, stages: int,
-                  pdl: dict):
+                  pdl: dict, normed: bool):
     """One launch of gluon_batch.csa2_sparse_attention_ws_kernel (8 + 4 warps, maxnreg 168) in
-    `stages` stages of `block_keys` keys; `pdl` as the Triton kernel's (pdl_launch_args)."""
+    `stages` stages of `block_keys` keys; `pdl` as the Triton kernel's (pdl_launch_args); `normed`:
+    16-bit partials, each divided by its sum."""
     from dsflash.plugins.csa2_sparse_attention import gluon_batch
 
     b, s, h, d = q.shape
@@ -423,15 +446,15 @@ def _launch_gluon(q, kv, idx, win, wmask, sink, scale, per, n_split, outs, block
         wmask.contiguous().view(torch.uint8), sink.contiguous(), s, kv.shape[1], win.shape[1],
         idx.shape[2], per, some if out is None else out, some if acc is None else acc,
         some if ml is None else ml, H=h, D=d, SCALE=float(scale), KB=block_keys, STAGES=stages,
-        SPLIT=out is None, num_warps=8, maxnreg=gluon_batch.MAXNREG, **pdl)
+        SPLIT=out is None, NORMED=normed, num_warps=8, maxnreg=gluon_batch.MAXNREG, **pdl)
 
 
-def _launch_combine(q, acc, ml, sink, n_split: int, out, pdl):
+def _launch_combine(q, acc, ml, sink, n_split: int, out, pdl, normed: bool = False):
     b, s, h, d = q.shape
     # every split in one chunk: the launch knows n_split, so NSP fits it (the AOT kernel cannot)
     csa2_attention_combine_kernel[(b * s, h)](q, acc, ml, sink, n_split, out, H=h, D=d,
                                               BLOCK_D=next_pow2(d, 16), NSP=next_pow2(n_split),
-                                              CHUNK=next_pow2(n_split), num_warps=4, **pdl)
+                                              CHUNK=next_pow2(n_split), NORMED=normed, num_warps=4, **pdl)
 
 
 def csa2_sparse_attention(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_BSK: torch.Tensor,
@@ -466,24 +489,38 @@ def csa2_sparse_attention_split(q_BSHD: torch.Tensor, kv_BND: torch.Tensor, idx_
 def csa2_attention_combine(q_BSHD: torch.Tensor, acc_BSPHD: torch.Tensor, ml_BSP2H: torch.Tensor,
                            sink_H: torch.Tensor) -> torch.Tensor:
     """The split form's second node (reference.csa2_attention_combine's signature)."""
-    op = "Csa2AttentionCombine"
+    return _combine("Csa2AttentionCombine", q_BSHD, acc_BSPHD, ml_BSP2H, sink_H, normed=False)
+
+
+def csa2_attention_combine_normed(q_BSHD: torch.Tensor, parts_BSPHD: torch.Tensor, ml_BSP2H: torch.Tensor,
+                                  sink_H: torch.Tensor) -> torch.Tensor:
+    """reference.csa2_attention_combine_normed's signature: the partials each divided by its own
+    sum, in q's dtype (what SparseAttentionLauncher's NORMED_PARTS split form writes)."""
+    return _combine("Csa2AttentionCombine (normed partials)", q_BSHD, parts_BSPHD, ml_BSP2H, sink_H,
+                    normed=True)
+
+
+def _combine(op: str, q_BSHD, acc_BSPHD, ml_BSP2H, sink_H, normed: bool) -> torch.Tensor:
     check_shape(op, "q", q_BSHD, (None, None, None, None))
     b, s, h, d = q_BSHD.shape
     check_shape(op, "acc", acc_BSPHD, (b, s, None, h, d))
     n_split = acc_BSPHD.shape[2]
     check_shape(op, "ml", ml_BSP2H, (b, s, n_split, 2, h))
     check_shape(op, "sink", sink_H, (h,))
-    check_dtype(op, "acc", acc_BSPHD, (torch.float32,))
     check_dtype(op, "ml", ml_BSP2H, (torch.float32,))
     check_dtype(op, "q", q_BSHD, FLOATS)
     check_dtype(op, "sink", sink_H, FLOATS)
+    if normed:
+        check_dtype(op, "acc", acc_BSPHD, (q_BSHD.dtype,))
+    else:
+        check_dtype(op, "acc", acc_BSPHD, (torch.float32,))
     require(1 <= n_split <= splits.max_splits(d), f"{op}: {n_split} splits; the kernel combines 1 to "
             f"{splits.max_splits(d)} at head_dim {d}")
     check_device(op, q=q_BSHD, acc=acc_BSPHD, ml=ml_BSP2H, sink=sink_H)
     out = torch.empty_like(q_BSHD)
     if out.numel():
         _launch_combine(q_BSHD, acc_BSPHD.contiguous(), ml_BSP2H.contiguous(), sink_H.contiguous(), n_split,
-                        out, pdl_launch_args(q_BSHD.device, {}))
+                        out, pdl_launch_args(q_BSHD.device, {}), normed)
     return out
 
 

@@ -84,6 +84,16 @@ def csa2_attention_combine(q_BSHD: torch.Tensor, acc_BSPHD: torch.Tensor, ml_BSP
     return cast(out, q_BSHD.dtype)
 
 
+def csa2_attention_combine_normed(q_BSHD: torch.Tensor, parts_BSPHD: torch.Tensor, ml_BSP2H: torch.Tensor,
+                                  sink_H: torch.Tensor) -> torch.Tensor:
+    """csa2_attention_combine over partials each divided by its own sum l_p (0 where l_p = 0), as
+    the JIT launch's split form writes them in the operands' dtype with NORMED_PARTS:
+    weighted back by l_p, the same output (vLLM's paged attention v2 reduce weighs its
+    partitions' normalised outputs by their rescaled exp sums the same way)."""
+    l_p = f32(ml_BSP2H)[:, :, :, 1]
+    return csa2_attention_combine(q_BSHD, f32(parts_BSPHD) * l_p.unsqueeze(-1), ml_BSP2H, sink_H)
+
+
 def split_shape(q_shape, kv_shape, idx_shape, win_shape, mask_shape, sink_shape, scale, block_keys,
                 split_target):
     b, s, h, d = q_shape
