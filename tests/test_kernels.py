@@ -675,12 +675,12 @@ def test_combine_of_normed_partials(gen, dtype, b, s, h, d, n, k, t, block_keys,
         attn_kernel.csa2_attention_combine_normed(*_dev(args[0], parts.half(), ml, args[5]))
 
 
-@pytest.mark.parametrize("rows,n_split", [(2, None), (3, 2), (20, 3)])
+@pytest.mark.parametrize("rows,n_split", [(2, None), (3, 2), (5, 3)])
 def test_sparse_attention_with_normed_partials(gen, monkeypatch, rows, n_split):
     """NORMED_PARTS: the split launch writes each partial divided by its sum in the operands'
     dtype and the combine weighs it back; the output matches the reference (a row with no key
     among them), and the combine did get partials of that dtype, NORMED."""
-    args = attention_case(gen, torch.float32, 1, rows, 64, 64, 300, 40, 70)
+    args = attention_case(gen, torch.float32, 1, rows, 16, 64, 300, 40, 70)
     seen = []
     combine = attn_kernel._launch_combine
 
