@@ -187,8 +187,8 @@ def csa2_attention_combine_kernel(q_ptr, acc_ptr, ml_ptr, sink_ptr, n_split, out
     exp(m_p - m) and normalised with the sink: the maxima and sums in one load each (NSP >=
     n_split), the outputs in chunks of CHUNK splits (a power of two <= NSP). q_ptr is the combine
     plugin's first input, which gives the output its dtype; it is not read. NORMED: each partial
-    was divided by its own sum l_p (the Gluon split form's 16-bit partials), so its weight is
-    exp(m_p - m) l_p.
+    was divided by its own sum l_p (either split form's NORMED_PARTS partials, in the operands'
+    dtype), so its weight is exp(m_p - m) l_p.
 
     The JIT launch knows n_split and loads every split in one chunk. The AOT kernel serves any
     n_split up to splits.max_splits (NSP 32 at 512 dims), and one [32, 512] chunk takes 162
@@ -413,8 +413,7 @@ def _launch_attention(q, kv, idx, win, wmask, sink, scale, cfg, pdl, per, n_spli
     t = win.shape[1]
     cfg = dict(cfg)
     split = outs[0] is None
-    normed = split and cfg.pop("NORMED_PARTS", False)
-    cfg.pop("NORMED_PARTS", None)
+    normed = cfg.pop("NORMED_PARTS", False) and split  # an unsplit launch has no partials
     if cfg.pop("GLUON", False):
         _launch_gluon(q, kv, idx, win, wmask, sink, scale, per, n_split, outs, cfg["GLUON_KB"],
                       cfg["GLUON_STAGES"], pdl, normed)
