@@ -184,11 +184,12 @@ def test_gluon_attention_under_graph_replay(gen):
 
 
 def test_gluon_attention_launched_behind_the_topk_that_writes_its_ids(gen):
-    """PDL (on by default on sm_90): the Gluon launch may start while the top-k's rank launch
-    before it still writes the ids it reads. Captured as a decode step is (top-k, then attention;
-    32 rows: two splits, then the combine), and replayed over fresh scores, so that ids read too
-    early would be the last replay's: each replay matches the reference on the ids the top-k
-    returned, and equals, bit for bit, the same chain with PDL off."""
+    """PDL ({"PDL": True}; off by default for the Gluon form): the Gluon launch may start while
+    the top-k's rank launch before it still writes the ids it reads. Captured as a decode step is
+    (top-k, then attention; 32 rows: two splits, then the combine), and replayed over fresh
+    scores, so that ids read too early would be the last replay's: each replay matches the
+    reference on the ids the top-k returned, and equals, bit for bit, the same chain with PDL
+    off."""
     from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
 
     rows, n = 32, 5000
@@ -218,3 +219,24 @@ def test_gluon_attention_launched_behind_the_topk_that_writes_its_ids(gen):
         args = (q.cpu(), kv.cpu(), got[True][0].cpu(), win.cpu(), wmask.cpu(), sink.cpu(), scale)
         assert_kernel_matches(got[True][1], attn_ref.csa2_sparse_attention, args, {}, BF16,
                               f"behind the top-k, replay {step}")
+
+
+@pytest.mark.parametrize("over,gluon_pdl", [({}, False), ({"PDL": True}, True), ({"PDL": False}, False)])
+def test_gluon_launch_takes_pdl_only_when_asked(gen, monkeypatch, over, gluon_pdl):
+    """By default the Gluon launch goes without PDL (kernel.gluon_launch_pdl: it measured slower)
+    while the combine after it keeps PDL; {"PDL": True} launches both with it, {"PDL": False}
+    neither. 16 rows: the Gluon split form, then the combine."""
+    seen = {}
+    for name in ("_launch_gluon", "_launch_combine"):
+        launch = getattr(attn_kernel, name)
+
+        def spy(*args, launch=launch, name=name):
+            seen[name] = next(a for a in args if isinstance(a, dict) and "PDL" in a)
+            return launch(*args)
+
+        monkeypatch.setattr(attn_kernel, name, spy)
+    args = attention_inputs(gen, 16)
+    got = attn_kernel.SparseAttentionLauncher(overrides=over)(*cuda(*args))
+    assert seen["_launch_gluon"] == ({"PDL": True, "launch_pdl": True} if gluon_pdl else {"PDL": False})
+    assert seen["_launch_combine"]["PDL"] is over.get("PDL", True)
+    assert_kernel_matches(got, attn_ref.csa2_sparse_attention, args, {}, BF16, f"16 rows, {over}")

@@ -591,6 +591,22 @@ def test_sparse_attention_launch_passes_only_kernel_parameters(gen, monkeypatch,
     assert seen and not any(seen), f"unknown launch keywords {seen}"
 
 
+@pytest.mark.parametrize("over,asked", [({}, False), ({"PDL": True}, True), ({"PDL": False}, False),
+                                         ({"PDL": 1}, False), ({"GLUON": True, "NORMED_PARTS": True}, False)])
+def test_gluon_form_launches_with_pdl_only_when_asked(monkeypatch, over, asked):
+    """The Gluon attention asks pdl_launch_args for PDL only under an explicit {"PDL": True} (it
+    measured slower with it, kernel.gluon_launch_pdl), where the Triton forms take it by default."""
+    seen = []
+
+    def spy(device, overrides=None):
+        seen.append(dict(overrides))
+        return {"PDL": False}
+
+    monkeypatch.setattr(attn_kernel, "pdl_launch_args", spy)
+    assert attn_kernel.gluon_launch_pdl(over, torch.device("cpu")) == {"PDL": False}
+    assert seen == [{"PDL": asked}]
+
+
 def test_sparse_attention_lists_every_override_it_reads():
     """SparseAttentionLauncher.OVERRIDES (what attention_ablation.py --attn-over accepts): every
     launch_config entry of either form and the kernel's tunable constants are in it, and every

@@ -30,8 +30,10 @@ every partition within the kernel's register limit, and 16 warps at the 154 regi
 accumulator's wgmma needs exceed the SM's 64K. No interpreter form: Gluon kernels compile for the
 GPU only; the Triton kernel stays the launch on the CPU, for other shapes and for fp32. TensorRT
 gets it as the attention plugin's GLUON tactic (trt.py, unsplit; compile_sm90 below builds the
-same PTX offline). The JIT launch uses programmatic dependent launch (PDL) as the Triton kernels
-of the decode chain do (plugins/pdl.py; _wait_for_earlier_grids); the TensorRT builds do not.
+same PTX offline). The kernel can be launched with programmatic dependent launch (PDL) as the
+Triton kernels of the decode chain are (plugins/pdl.py; _wait_for_earlier_grids), but the JIT
+launch takes it only when asked ({"PDL": True}; kernel.gluon_launch_pdl says why); the TensorRT
+builds never do.
 """
 
 from __future__ import annotations

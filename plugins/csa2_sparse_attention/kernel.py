@@ -308,6 +308,7 @@ class SparseAttentionLauncher(LauncherBase):
             return out
         cfg, pdl = self._config(q_BSHD)
         gluon = cfg.get("GLUON", False)  # all heads in one program at any row count
+        attn_pdl = gluon_launch_pdl(self._overrides, q_BSHD.device) if gluon else pdl
         head_blocks = 1 if gluon else cdiv(h, cfg["BLOCK_H"])
         target = cdiv(2 * self._sms(q_BSHD.device), head_blocks)
         batch = gluon or splits.batch_form(h, d, b * s, ieee=q_BSHD.dtype == torch.float32)
@@ -318,16 +319,24 @@ class SparseAttentionLauncher(LauncherBase):
         per, n_split = splits.split_plan(b * s, idx_BSK.shape[2], win_kv_BTD.shape[1], d, cfg["BLOCK_K"],
                                          target, n_split)
         if n_split == 1:
-            _launch_attention(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale, cfg, pdl,
-                              per, 1, (out, None, None))
+            _launch_attention(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale, cfg,
+                              attn_pdl, per, 1, (out, None, None))
             return out
         normed = cfg.get("NORMED_PARTS", False)
         acc, ml = self._workspace(q_BSHD.device, b * s * n_split * h, d,
                                   q_BSHD.dtype if normed else torch.float32)
-        _launch_attention(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale, cfg, pdl,
-                          per, n_split, (None, acc, ml))
+        _launch_attention(q_BSHD, kv_BND, idx_BSK, win_kv_BTD, win_mask_BST, sink_H, scale, cfg,
+                          attn_pdl, per, n_split, (None, acc, ml))
         _launch_combine(q_BSHD, acc, ml, sink_H.contiguous(), n_split, out, pdl, normed)
         return out
+
+
+def gluon_launch_pdl(overrides: dict, device: torch.device) -> dict:
+    """The Gluon form's PDL launch arguments (as pdl_launch_args'): off unless `overrides` set PDL
+    to True, where the Triton kernels and the combine after either form launch with PDL by default.
+    Why: on an H100 (session 52, docs/benchmarks.md) the Gluon attention launched with PDL took
+    2.3-3.2 us longer at 16-24 rows in 3-4 splits, and gained nothing beyond noise elsewhere."""
+    return pdl_launch_args(device, {"PDL": overrides.get("PDL") is True})
 
 
 def gluon_shape_problem(heads: int, dim: int, dtype: torch.dtype) -> str | None:
