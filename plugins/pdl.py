@@ -158,11 +158,12 @@ def pdl_kernel_specs() -> dict:
         "topk_block_max_rank_ties": (prefilter.prefilter_rank_kernel, block_max_rank_sig,
                                      {"RANK_PROGS": 32, "RANK_BLOCK": 16, "CMP_BLOCK": 256, "CHUNK": 2048,
                                       "PP": 64, "HIST_BINS": 256, "PASSES": 4, "TIES_IN_RANK": True}),
-        # a listed pool's top-k writing its entry ids (StableTopkLauncher.listed_ids)
+        # a listed pool's top-k writing its entry ids (StableTopkLauncher.listed_ids), its steps'
+        # keys loaded into the compare's tile a step ahead (the default at 16-64 rows: _rank_load)
         "topk_block_max_rank_listed": (
             prefilter.prefilter_rank_kernel, block_max_rank_sig | {"entries_ptr": "*i32"},
-            {"RANK_PROGS": 128, "RANK_BLOCK": 8, "CMP_BLOCK": 256, "CHUNK": 512, "PP": 32, "HIST_BINS": 256,
-             "PASSES": 4, "TIES_IN_RANK": True, "LISTED": True}),
+            {"RANK_PROGS": 128, "RANK_BLOCK": 8, "CMP_BLOCK": 64, "CHUNK": 512, "PP": 32, "HIST_BINS": 256,
+             "PASSES": 4, "TIES_IN_RANK": True, "LISTED": True, "RANK_TILE": True, "RANK_AHEAD": True}),
         "attention_split": (attention.csa2_sparse_attention_kernel, attention_trt.kernel_signature(bf16),
                             {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True} | attn_cfg),
         # the batch form of many rows (64-key blocks) ...

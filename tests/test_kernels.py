@@ -1215,18 +1215,26 @@ def test_stable_topk_fuses_the_passes_over_a_listed_pools_maxima():
 
 
 def test_stable_topk_rank_programs_are_one_warp_from_16_rows(gen):
-    """The block-max form's rank programs: one warp comparing 128 keys at a time from
-    RANK_ONE_WARP_ROWS rows (a decode batch), the launch's warps comparing 256 below it, the
-    overrides winning; and 16 rows of a small listed-like case give the stable sort's bits."""
+    """The block-max form's rank programs: one warp from RANK_ONE_WARP_ROWS rows (a decode batch),
+    comparing 64 keys at a time loaded into the compare's tile a step ahead up to
+    RANK_TILE_MAX_ROWS rows and 128 loaded as a vector above, the launch's warps comparing 256 in
+    turn below 16 rows, the overrides winning; and 16 rows of a small listed-like case (the tile
+    loads) give the stable sort's bits."""
     from dsflash.plugins.stable_topk import kernel as topk_kernel
     from dsflash.plugins.stable_topk import reference as topk_ref
 
     auto = topk_kernel.StableTopkLauncher()
-    assert topk_kernel.RANK_ONE_WARP_ROWS == 16
-    assert auto._rank_shape(16, 4, 256) == auto._rank_shape(128, 4, 256) == (1, 128)
+    assert topk_kernel.RANK_ONE_WARP_ROWS == 16 and topk_kernel.RANK_TILE_MAX_ROWS == 64
+    assert auto._rank_shape(16, 4, 256) == auto._rank_shape(64, 4, 256) == (1, 64)
+    assert auto._rank_shape(65, 4, 256) == auto._rank_shape(128, 4, 256) == (1, 128)
     assert auto._rank_shape(15, 4, 256) == (4, 256) and auto._rank_shape(1, 8, 64) == (8, 64)
-    over = topk_kernel.StableTopkLauncher(overrides={"RANK_WARPS": 2, "CMP_BLOCK": 32})
+    both, neither = {"RANK_TILE": True, "RANK_AHEAD": True}, {"RANK_TILE": False, "RANK_AHEAD": False}
+    assert auto._rank_load(16) == auto._rank_load(64) == both
+    assert auto._rank_load(15) == auto._rank_load(1) == auto._rank_load(65) == auto._rank_load(128) == neither
+    over = topk_kernel.StableTopkLauncher(overrides={"RANK_WARPS": 2, "CMP_BLOCK": 32, "RANK_AHEAD": False})
     assert over._rank_shape(64, 4, 32) == (2, 32) and over._rank_shape(2, 4, 32) == (2, 32)
+    assert over._rank_load(32) == {"RANK_TILE": True, "RANK_AHEAD": False}
+    assert topk_kernel.StableTopkLauncher(overrides={"RANK_TILE": True})._rank_load(128)["RANK_TILE"]
     scores = torch.relu(torch.randn(16, 1024, generator=gen)).round(decimals=1)
     launcher = topk_kernel.StableTopkLauncher(overrides={"FORM": "prefilter", "BLOCK": 8})
     want_v, want_i = topk_ref.stable_topk(scores, 24)

@@ -99,6 +99,9 @@ PREFILTER_BLOCK = 16
 FUSED_PASS_BLOCKS = 2048
 # rows from which the block-max form's rank programs are one warp each (_block_max_form)
 RANK_ONE_WARP_ROWS = 16
+# rows up to which those one-warp programs compare 64 keys a step, loaded into the compare's tile
+# a step ahead (_rank_shape, _rank_load); above, 128 keys a step loaded as a vector
+RANK_TILE_MAX_ROWS = 64
 # rows from which the fused passes over the maxima run in 4 warps instead of 8 (_pass_warps)
 PASS_FOUR_WARP_ROWS = 8
 # the rank programs' tie path over chunks of at least TIE_STEP_CHUNK entries: TIE_STEP at a time
@@ -226,8 +229,8 @@ class StableTopkLauncher(LauncherBase):
     EARLY_SLACK (its stop: _early_slack), and RANK_COVER (its rank launch's programs for
     RANK_COVER x k candidates) with RANK_WARPS (their warps: 1 by default from RANK_ONE_WARP_ROWS
     rows, else num_warps), RANK_TILE and RANK_AHEAD (True: keys.place_among's TILE / AHEAD, how a
-    rank step loads its keys; False by default) and TIE_STEP (entries of a chunk their tie path
-    reads at a time: _tie_step)."""
+    rank step loads its keys: _rank_load) and TIE_STEP (entries of a chunk their tie path reads at
+    a time: _tie_step)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
     # the override names the launcher reads (the docstring's list), for callers that check theirs
@@ -432,7 +435,8 @@ class StableTopkLauncher(LauncherBase):
 
     def _rank_shape(self, rows: int, warps: int, cmp_block: int) -> tuple[int, int]:
         """(warps, keys compared at a time) of the block-max form's rank programs over `rows` rows:
-        (1, 128) from RANK_ONE_WARP_ROWS rows, else the launch's (warps, cmp_block); the overrides
+        (1, 64) from RANK_ONE_WARP_ROWS up to RANK_TILE_MAX_ROWS rows (with _rank_load's tile
+        loads a step ahead), (1, 128) above, else the launch's (warps, cmp_block); the overrides
         RANK_WARPS and CMP_BLOCK if given (see _block_max_form). The kernel's tie path (the
         entries tied at T, TIES_IN_RANK) holds a CHUNK of entries in the one warp: at chunks of
         2,048 (rows of 128K from 64 rows) the sm_90 build takes 229 registers a thread, so an SM
@@ -440,7 +444,26 @@ class StableTopkLauncher(LauncherBase):
         top-k still gained there (H100, session 48: 53.7 against 57.1-58.0 us at 64 rows)."""
         if rows < RANK_ONE_WARP_ROWS:
             return self._pow2("RANK_WARPS", warps), cmp_block
-        return self._pow2("RANK_WARPS", 1), self._pow2("CMP_BLOCK", 128)
+        return self._pow2("RANK_WARPS", 1), self._pow2("CMP_BLOCK", 64 if rows <= RANK_TILE_MAX_ROWS else 128)
+
+    def _rank_load(self, rows: int) -> dict:
+        """How the block-max form's rank steps load their keys (keys.place_among's TILE / AHEAD):
+        straight into the compare's tile, the next step's a step ahead, from RANK_ONE_WARP_ROWS up
+        to RANK_TILE_MAX_ROWS rows; as a vector, in turn, elsewhere; the overrides RANK_TILE and
+        RANK_AHEAD if given. H100 sweeps (bench_layer_batch.py --topk-sweep, session 52, two runs
+        at 32 and 64 rows), a listed pool's top-k (16K, k = 512), us at 16 / 32 / 64 / 128 rows
+        with both and 64-key steps: 14.0 / 17.7 / 21.4 / 39.6 against 15.0 / 18.9 / 23.4 / 35.9
+        loaded as a vector 128 at a time; the listed Reindex layers 0.6-1.2 us faster at 16-64 rows
+        than with the Gluon attention's same launch and the former load (bf16 keys 64.0 / 97.3 /
+        153.1 us against 64.6 / 98.2 / 154.0, FP4 keys 50.8 / 71.4 / 103.2 against 51.4 / 72.1 /
+        104.4); a Full layer's (128K) top-k 29.5 / 45.2 against 29.7 / 45.8 at 32 / 64 rows. Below
+        16 rows, where the rank programs take the launch's warps, not timed."""
+        on = RANK_ONE_WARP_ROWS <= rows <= RANK_TILE_MAX_ROWS
+        load = {"RANK_TILE": self._overrides.get("RANK_TILE", on),
+                "RANK_AHEAD": self._overrides.get("RANK_AHEAD", on)}
+        for name, value in load.items():
+            require(isinstance(value, bool), f"StableTopk: {name} must be True or False, got {value!r}")
+        return load
 
     def _pass_warps(self, rows: int) -> int:
         """Warps of the fused passes' program (one a row, maxima_passes_kernel): 4 from
@@ -571,15 +594,11 @@ class StableTopkLauncher(LauncherBase):
         # 64.5. Fewer rows keep the former (not measured there: one row's rank is a few programs'
         # latency)
         rank_warps, cmp_block = self._rank_shape(rows, warps, rank[1])
-        # how the rank steps load their keys (keys.place_among's TILE / AHEAD): sweep options, off
-        # by default until timed. The listed rank at 32 rows ends 8.35 us after the collect (H100,
-        # session 49's timeline), where its compares come to 1-3 us by instruction count (a row's
-        # ~600-900 candidates each against all); the rest is, as far as counts tell, the waits of
-        # its chain of loads (the slot count, each step's keys, the picks' scores)
-        rank_load = {"RANK_TILE": self._overrides.get("RANK_TILE", False),
-                     "RANK_AHEAD": self._overrides.get("RANK_AHEAD", False)}
-        for name, value in rank_load.items():
-            require(isinstance(value, bool), f"StableTopk: {name} must be True or False, got {value!r}")
+        # how the rank steps load their keys (_rank_load). The listed rank at 32 rows ended 8.35 us
+        # after the collect with its keys loaded in turn (H100, session 49's timeline), where its
+        # compares come to 1-3 us by instruction count (a row's ~600-900 candidates each against
+        # all); the rest was, as far as counts tell, the waits of its chain of loads
+        rank_load = self._rank_load(rows)
         tie_step = self._tie_step(chunk)
         pass_warps = self._pass_warps(rows)
         fused = self._pass_launch(m, passes) == "fused"
