@@ -581,7 +581,7 @@ def main() -> None:
                     "e.g. COLLECT=chunk; integers as integers)")
     ap.add_argument("--attn-over", default="",
                     help="time the layers with these sparse-attention launcher overrides (KEY=VALUE,..., "
-                    "e.g. PDL=False: the Gluon launch without programmatic dependent launch)")
+                    "e.g. PDL=True: the Gluon launch with programmatic dependent launch, off by default)")
     ap.add_argument("--fp4-configs", default="", help="sweep the FP4 index kernel's launch "
                     "(BLOCK_N:BLOCKS:num_warps:STAGES[:b][:s|:n][:rREGS],...) instead of timing the layers")
     ap.add_argument("--fp4-queries", choices=sorted(FP4_QUERIES), default="qat",

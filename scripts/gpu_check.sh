@@ -78,17 +78,11 @@ if [ "$bench" = 1 ]; then
   python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\]" | tail -36
   python3 scripts/bench_layer_batch.py --out "$OUT" 2>&1 | tee "$OUT/bench_layer_batch.log" \
     | grep -v "it/s\]" | tail -8
-  # the same layers with the Gluon attention launched without PDL (docs, session 51: its launch
-  # behind the top-k's rank with PDL, new, untimed when added)
-  mkdir -p "$OUT/attn_no_pdl"
-  python3 scripts/bench_layer_batch.py --out "$OUT/attn_no_pdl" --batches 16,32,64,128 --attn-over PDL=False \
-    2>&1 | tee "$OUT/bench_layer_batch_attn_no_pdl.log" | grep -v "it/s\]" | tail -6
-  # ... and with the split partials divided by their sums in 16 bits (NORMED_PARTS; session 51,
-  # untimed when added: half the partials' bytes where the Gluon form splits: up to 33 rows)
-  mkdir -p "$OUT/attn_normed"
-  python3 scripts/bench_layer_batch.py --out "$OUT/attn_normed" --batches 4,8,16,32,64 \
-    --attn-over NORMED_PARTS=True 2>&1 | tee "$OUT/bench_layer_batch_attn_normed.log" \
-    | grep -v "it/s\]" | tail -7
+  # the same layers with the Gluon attention launched with PDL (an option since session 52, when
+  # it measured 2.3-3.2 us slower in 3-4 splits at 16-24 rows: docs, "Session 52")
+  mkdir -p "$OUT/attn_pdl"
+  python3 scripts/bench_layer_batch.py --out "$OUT/attn_pdl" --batches 16,32 --attn-over PDL=True \
+    2>&1 | tee "$OUT/bench_layer_batch_attn_pdl.log" | grep -v "it/s\]" | tail -4
   # a listed pool's and a Full layer's top-k: the defaults against the fused passes with no early
   # stop, with other stops, with a launch per pass, with rank programs of 4 warps comparing 256
   # keys, with the collect and the passes in their former widths, and with the live collect over
@@ -103,13 +97,14 @@ if [ "$bench" = 1 ]; then
 RANK_WARPS=4,CMP_BLOCK=256;PASS_WARPS=8;COLLECT_WARPS=4;LIVE_BLOCKS=32;LIVE_BLOCKS=16;LIVE_BLOCKS=8;TIE_STEP=2048;\
 TIE_STEP=1024" 2>&1 \
     | tee "$OUT/topk_listed.log" | grep "batch" | tail -6
-  # the rank steps' keys straight into the compare's layout and a step ahead (docs, session 49:
-  # new, untimed; only the 64-key build overlaps the loads with the compares), and the rank's tie
-  # path in steps of 256 (session 50: slower than 512 on a listed pool's chunks of 512 / 1,024)
+  # the rank steps' keys straight into the compare's layout, a step ahead, 64 a step (the default
+  # at 16-64 rows since session 52) against the former vector loads of 128, the tile loads at 128
+  # keys a step, and the rank's tie path in steps of 256 (session 50: slower than 512 on a listed
+  # pool's chunks of 512 / 1,024)
   mkdir -p "$OUT/topk_rank_loads"
   python3 scripts/bench_layer_batch.py --out "$OUT/topk_rank_loads" --batches 16,32,64,128 \
-    --topk-kinds full,listed --topk-sweep "RANK_TILE=True;RANK_TILE=True,CMP_BLOCK=64;\
-RANK_TILE=True,CMP_BLOCK=64,RANK_AHEAD=True;RANK_TILE=True,CMP_BLOCK=256;CMP_BLOCK=64;TIE_STEP=256" 2>&1 \
+    --topk-kinds full,listed --topk-sweep "RANK_TILE=False,RANK_AHEAD=False,CMP_BLOCK=128;\
+RANK_TILE=True,RANK_AHEAD=True,CMP_BLOCK=128;RANK_TILE=True,RANK_AHEAD=False;TIE_STEP=256" 2>&1 \
     | tee "$OUT/topk_rank_loads.log" | grep "batch" | tail -4
   # one replay of the listed Reindex layer at 32 rows, kernel by kernel with the gaps between them
   # (docs, session 46: where the layer's time goes)
