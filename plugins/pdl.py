@@ -176,7 +176,8 @@ def pdl_kernel_specs() -> dict:
             {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "SPLIT": True}
             | constants(attention.launch_config(64, 512, bf16, rows=64))
             | {"BLOCK_K": 32, "INDEX_AHEAD": True, "PREFETCH": 4}),
-        # the warp-specialized Gluon form from GLUON_ROWS rows (split, 64-key blocks in 2 stages)
+        # the warp-specialized Gluon form from GLUON_ROWS rows (split, 64-key blocks in 2 stages), as
+        # launched under {"PDL": True} (off by default: kernel.gluon_launch_pdl)
         "attention_gluon": (gluon_batch.csa2_sparse_attention_ws_kernel,
                             {k: v for k, v in attention_trt.kernel_signature(bf16).items() if k != "out_ptr"},
                             {"H": 64, "D": 512, "SCALE": 512 ** -0.5, "KB": 64, "STAGES": 2, "SPLIT": True,

@@ -69,7 +69,7 @@ def test_gluon_attention_builds_as_designed(tmp_path, split, dim, dtype, keys, s
     assert len(re.findall(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], 256;", ptx)) == stages
     # the partitions' barriers are named ones of their own warps (a CTA-wide bar.sync 0 would hang)
     assert re.search(r"bar\.sync \t0, 256;", ptx) and re.search(r"bar\.sync \t\d+, 128;", ptx)
-    # PDL (the JIT launch's build on sm_90; TensorRT's has none): one wait, in the default warps'
+    # PDL (the JIT launch's build under {"PDL": True}; TensorRT's has none): one wait, in the default warps'
     # prologue, ahead of every global memory access in the PTX; the softmax warps' partition
     # starts at a named barrier (bar 1) that the default warps reach after it
     # (gluon_batch._wait_for_earlier_grids)

@@ -336,7 +336,7 @@ def compile_sm90(split: bool, dim: int = 512, dtype=None, block_keys: int = 64, 
     ids, 16-byte aligned pointers, `dtype` operands: torch.bfloat16 by default): Triton's compiled
     kernel, with its PTX and metadata (shared memory, warps), for checks of the build on any
     machine. The types are the Triton kernel's (trt.kernel_signature): both kernels take the same
-    arguments. `pdl`: the build the JIT launch takes on sm_90 (the PDL constant on); `normed`: the
+    arguments. `pdl`: the build the JIT launch takes under {"PDL": True} (the PDL constant on); `normed`: the
     split form's 16-bit partials, each divided by its sum (the NORMED constant; acc_ptr in `dtype`)."""
     import torch
 
