@@ -224,8 +224,8 @@ class CSA2Attention(nn.Module):
         if cfg.uses_candidate_pool(self.layer) and shared.candidate_list_BSP is not None:
             # the listed pool: only its entries are scored and ranked (same selection as the mask)
             pool = shared.candidate_list_BSP
-            scores = self.ops.csa2_index_score_pooled(q, w, src.index_k_BNJ, pool, src.index_e_BNG)
-            idx = self.ops.select_listed_topk(scores, pool, cfg.index_topk, src.group_BN.shape[1])
+            idx = self.ops.select_in_listed_pool(q, w, src.index_k_BNJ, pool, src.index_e_BNG, cfg.index_topk,
+                                                 src.group_BN.shape[1])
             shared.topk[self.layer] = idx
             return idx
         visible = ops.visible_entries(src.group_BN, pos_BS, self.ratio)

@@ -94,7 +94,10 @@ def pdl_kernel_specs() -> dict:
                           "idx_ptr": "*i64", "CAP": "i32", "entries_ptr": "*i64", "W": "i32"}
     attn_cfg = constants(attention.launch_config(64, 512, bf16))
     pooled_sig = {"q_ptr": index_sig["q_ptr"], "w_ptr": index_sig["w_ptr"], "k_ptr": index_sig["k_ptr"],
-                  "entries_ptr": "*i32", "S": "i32", "N": "i32", "P": "i32", "out_ptr": "*fp32"}
+                  "entries_ptr": "*i32", "S": "i32", "N": "i32", "P": "i32", "out_ptr": "*fp32",
+                  "bm_ptr": "*fp32"}
+    maxima_passes_sig = {"bm_ptr": "*fp32", "M": "i32", "k": "i32", "hist": "*i32", "state": "*i64",
+                         "tval": "*i64", "CAP": "i32", "counter": "*i32"}
     list_sig = {"member_ptr": "*u8", "counts_ptr": "*i32", "N": "i32", "P": "i32", "SEGS": "i32",
                 "PAD": "i32", "out_ptr": "*i32"}
     picks_sig = {"vals_ptr": "*fp32", "pos_ptr": "*i64", "entries_ptr": "*i32", "K": "i32", "P": "i32",
@@ -102,6 +105,10 @@ def pdl_kernel_specs() -> dict:
     return {
         "index_pooled": (pooled.csa2_index_score_pooled_kernel, pooled_sig,
                          index_consts | constants(pooled.listed_pipelined_launch())),
+        # ... writing the block maxima of its scores for the top-k (listed_ids_with_maxima)
+        "index_pooled_maxima": (pooled.csa2_index_score_pooled_kernel, pooled_sig,
+                                index_consts | constants(pooled.listed_pipelined_launch())
+                                | {"MAX_BLOCK": 8}),
         "pool_counts": (pool_list.pool_segment_counts_kernel,
                         {"member_ptr": "*u8", "N": "i32", "SEGS": "i32", "counts_ptr": "*i32"},
                         {"SEG": 4096}),
@@ -116,7 +123,7 @@ def pdl_kernel_specs() -> dict:
         "index_fp4_pooled": (pooled_fp4.csa2_index_score_fp4_pooled_kernel,
                              {"q_ptr": index_sig["q_ptr"], "w_ptr": index_sig["w_ptr"], "codes_ptr": "*u8",
                               "exps_ptr": "*i32", "entries_ptr": "*i32", "S": "i32", "N": "i32", "P": "i32",
-                              "out_ptr": "*fp32"},
+                              "out_ptr": "*fp32", "bm_ptr": "*fp32"},
                              {"I": 32, "J": 128, "JP": 128, "BLOCK_N": 128, "BLOCKS": 16, "STAGES": 3,
                               "ASM": True, "EXP_WORDS": True}),
         "topk_digit_pass": (topk.radix_digit_pass_kernel, topk_sig,
@@ -131,11 +138,13 @@ def pdl_kernel_specs() -> dict:
                                  "state": "*i64", "counter": "*i32", "bm_ptr": "*fp32"},
                                 {"SHIFT": 24, "BITS": 8, "CHUNK": 64, "BLOCK": 8, "HIST_BINS": 256,
                                  "PASSES": 4}),
-        "topk_maxima_passes": (prefilter.maxima_passes_kernel,
-                               {"bm_ptr": "*fp32", "M": "i32", "k": "i32", "hist": "*i32", "state": "*i64",
-                                "tval": "*i64", "CAP": "i32"},
+        "topk_maxima_passes": (prefilter.maxima_passes_kernel, maxima_passes_sig,
                                {"WIDTHS": 0x8888, "MP": 2048, "BLOCK": 8, "SLACK": 32, "HIST_BINS": 256,
                                 "PASSES": 4}),
+        # ... with the first pass, over maxima the listed index kernel wrote (listed_ids_with_maxima)
+        "topk_maxima_passes_first": (prefilter.maxima_passes_kernel, maxima_passes_sig,
+                                     {"WIDTHS": 0x8888, "MP": 2048, "BLOCK": 8, "SLACK": 32, "HIST_BINS": 256,
+                                      "PASSES": 4, "FIRST": True}),
         "topk_collect": (prefilter.prefilter_collect_kernel,
                          {"scores_ptr": "*fp32", "N": "i32", "hist": "*i32", "state": "*i64",
                           "counter": "*i32", "prog_eq": "*i32", "cand": "*u64", "tval": "*i64", "CAP": "i32"},

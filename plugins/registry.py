@@ -64,8 +64,11 @@ def _triton_kernels() -> dict:
     partials and their combine)."""
     from dsflash.plugins.csa2_index_score.kernel import csa2_index_score, csa2_index_score_fp4
     from dsflash.plugins.csa2_index_score.pool_list import listed_picks, pool_entry_list
-    from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
-    from dsflash.plugins.csa2_index_score.pooled_fp4 import listed_fp4_scores
+    from dsflash.plugins.csa2_index_score.pooled import (
+        csa2_index_score_pooled,
+        csa2_index_score_pooled_maxima,
+    )
+    from dsflash.plugins.csa2_index_score.pooled_fp4 import listed_fp4_scores, listed_fp4_scores_maxima
     from dsflash.plugins.csa2_sparse_attention.entries_fp4 import csa2_entries_fp4
     from dsflash.plugins.csa2_sparse_attention.kernel import SparseAttentionLauncher
     from dsflash.plugins.engram_hash_gather.kernel import engram_hash_gather
@@ -78,6 +81,8 @@ def _triton_kernels() -> dict:
             "csa2_sparse_attention": SparseAttentionLauncher(), "mhc_boundary": MhcBoundaryLauncher(),
             "stable_topk": topk, "listed_topk": topk.listed_ids,
             "csa2_index_score_pooled": csa2_index_score_pooled,
+            "csa2_index_score_pooled_maxima": csa2_index_score_pooled_maxima,
+            "csa2_index_score_fp4_pooled_maxima": listed_fp4_scores_maxima,
             "pool_entry_list": pool_entry_list, "listed_picks": listed_picks,
             "csa2_index_score_fp4": csa2_index_score_fp4, "csa2_index_score_fp4_pooled": listed_fp4_scores,
             "csa2_entries_fp4": csa2_entries_fp4,
@@ -243,6 +248,26 @@ class OpSet:
             return self._kernels["listed_topk"](scores_BSP, entries_BSP, k, n)
         return csa2_ops.select_listed_topk(scores_BSP, entries_BSP, k, n, topk=self.stable_topk,
                                            picks=self.listed_picks)
+
+    def select_in_listed_pool(self, q_BSIJ, w_BSI, k_BNJ, entries_BSP, exps_BNG, k: int, n: int):
+        """A Reindex layer's selection in its listed pool: csa2_index_score_pooled, then
+        select_listed_topk. The eager Triton backend with the top-k kernel has the index launch
+        write its scores' block maxima where the top-k's form takes them
+        (StableTopkLauncher.maxima_block, listed_ids_with_maxima): the top-k's first launch, which
+        would read the scores back for them, does not run. Same selection either way."""
+        if self._backend == "triton" and self.use_topk_kernel and not torch.compiler.is_compiling():
+            topk = self._kernels["stable_topk"]
+            block = topk.maxima_block(entries_BSP.shape[0] * entries_BSP.shape[1], entries_BSP.shape[2], k)
+            if block:
+                if exps_BNG is None:
+                    scores, maxima = self._kernels["csa2_index_score_pooled_maxima"](q_BSIJ, w_BSI, k_BNJ,
+                                                                                   entries_BSP, block)
+                else:
+                    scores, maxima = self._kernels["csa2_index_score_fp4_pooled_maxima"](
+                        q_BSIJ, w_BSI, k_BNJ, exps_BNG, entries_BSP, block)
+                return topk.listed_ids_with_maxima(scores, maxima, entries_BSP, k, n)
+        scores = self.csa2_index_score_pooled(q_BSIJ, w_BSI, k_BNJ, entries_BSP, exps_BNG)
+        return self.select_listed_topk(scores, entries_BSP, k, n)
 
     def _launcher_or(self, name: str, reference, *args, traced_reference: bool = False):
         """A launcher that is not a graph op on the Triton backend, else the reference. Under

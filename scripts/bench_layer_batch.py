@@ -72,8 +72,11 @@ from dsflash.model.csa2_ops import select_topk
 from dsflash.model.quant import fp4_pow2_pack, fp4_pow2_qat
 from dsflash.plugins.csa2_index_score import kernel as index_kernel
 from dsflash.plugins.csa2_index_score.pool_list import pool_entry_list
-from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
-from dsflash.plugins.csa2_index_score.pooled_fp4 import csa2_index_score_fp4_pooled
+from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled, csa2_index_score_pooled_maxima
+from dsflash.plugins.csa2_index_score.pooled_fp4 import (
+    csa2_index_score_fp4_pooled,
+    csa2_index_score_fp4_pooled_maxima,
+)
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
 from dsflash.plugins.csa2_sparse_attention.entries_fp4 import csa2_entries_fp4
 from dsflash.plugins.launch import is_pow2
@@ -181,7 +184,17 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
 
     def select(kind):
         if kind in ("reindex_listed", "reindex_listed_fp4"):
-            # as OpSet("triton").select_listed_topk runs it: the rank launch writes the entry ids
+            # as OpSet("triton").select_in_listed_pool runs it: the rank launch writes the entry
+            # ids, and with --topk-over INDEX_MAXIMA=True the index launch the block maxima
+            block = topk.maxima_block(batch, x["list"].shape[-1], TOPK)
+            if block:
+                if kind == "reindex_listed":
+                    scores, maxima = csa2_index_score_pooled_maxima(x["iq"], x["iw"], x["ik"], x["list"],
+                                                                    block)
+                else:
+                    scores, maxima = csa2_index_score_fp4_pooled_maxima(x[fq], x["iw"], x["codes"], x["exps"],
+                                                                        x["list"], block)
+                return topk.listed_ids_with_maxima(scores, maxima, x["list"], TOPK, ctx)
             return topk.listed_ids(index(kind), x["list"], TOPK, ctx)
         return topk(index(kind), TOPK)[1]
 

@@ -29,6 +29,7 @@ from dsflash.plugins.launch import next_pow2  # noqa: E402
 from dsflash.plugins.mhc_boundary import kernel as mhc_kernel  # noqa: E402
 from dsflash.plugins.mhc_boundary import reference as mhc_ref  # noqa: E402
 from dsflash.plugins.stable_topk.keys import place_among  # noqa: E402
+from dsflash.plugins.stable_topk.reference import block_maxima  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter computes in numpy (no bf16 arithmetic): check fp32 there, bf16 on the GPU too.
@@ -112,6 +113,37 @@ def test_index_score_pooled_kernel(gen, dtype, b, s, i, j, n, p, over):
         pooled_kernel.csa2_index_score_pooled(*_dev(q, w, k, entries[:, :, None]))
 
 
+@pytest.mark.parametrize("block,over", [(8, {}), (2, {"BLOCKS": 3, "STAGES": 2, "BLOCK_N": 16}),
+                                         (16, {"BLOCK_N": 16})])
+def test_index_score_pooled_kernel_writes_its_block_maxima(gen, block, over):
+    """The maxima the listed index launch writes beside its scores (for the block-max top-k) are
+    bit for bit those of the scores it stored: runs of `block` slots, clamped, the last run past P
+    padded; a row listing nothing gives -float32 max. Launch settings whose BLOCK_N the run does not
+    divide are refused, naming both."""
+    from dsflash.plugins.csa2_index_score import pooled as pooled_kernel
+
+    b, s, i, j, n, p = 2, 3, 3, 20, 150, 75
+    q, w = torch.randn(b, s, i, j, generator=gen), torch.randn(b, s, i, generator=gen)
+    k = torch.randn(b, n, j, generator=gen)
+    entries = torch.randint(0, n, (b, s, p), generator=gen).sort(dim=-1).values.int()
+    entries[0, 0] = -1
+    entries[1, 2, 40:] = -1
+    args = (q, w, k, entries)
+    scores, maxima = pooled_kernel.csa2_index_score_pooled_maxima(*_dev(*args), block, overrides=over)
+    assert maxima.shape == (b, s, -(-p // block))
+    assert torch.equal(scores, pooled_kernel.csa2_index_score_pooled(*_dev(*args), overrides=over))
+    assert_kernel_matches(scores, index_ref.csa2_index_score_pooled, args, {}, torch.float32,
+                          "Csa2IndexScore(pooled)")
+    assert torch.equal(maxima, block_maxima(scores, block))
+    assert (maxima[0, 0] == -torch.finfo(torch.float32).max).all()
+    ref_scores, ref_maxima = index_ref.csa2_index_score_pooled_maxima(*args, block)
+    assert torch.equal(ref_maxima, block_maxima(ref_scores, block))
+    with pytest.raises(ValueError, match="runs of 32 slots.*BLOCK_N 16"):
+        pooled_kernel.csa2_index_score_pooled_maxima(*_dev(*args), 32, overrides={"BLOCK_N": 16})
+    with pytest.raises(ValueError, match="runs of 3 slots"):
+        pooled_kernel.csa2_index_score_pooled_maxima(*_dev(*args), 3)
+
+
 @pytest.mark.parametrize("over", [{}, {"STAGES": 2, "BLOCKS": 3, "BLOCK_N": 32}, {"EXP_WORDS": False}],
                          ids=["branch", "pipelined", "exponent_bytes"])
 @pytest.mark.parametrize("b,s,i,j,n,p", [(2, 3, 16, 128, 150, 140), (1, 2, 32, 96, 90, 37)])
@@ -137,6 +169,9 @@ def test_index_score_fp4_pooled_kernel(gen, b, s, i, j, n, p, over):
                           f"Csa2IndexScore(fp4, pooled, {over})")
     assert torch.equal(pooled_fp4.csa2_index_score_fp4_pooled(*_dev(q, w, codes, exps, entries.long()),
                                                               overrides=over), got)
+    # with the block maxima the top-k takes from it: the same scores, and their maxima bit for bit
+    scores, maxima = pooled_fp4.csa2_index_score_fp4_pooled_maxima(*_dev(*args), 8, overrides=over)
+    assert torch.equal(scores, got) and torch.equal(maxima, block_maxima(got, 8))
     with pytest.raises(ValueError, match="power-of-two head count >= 16, got 12"):
         pooled_fp4.csa2_index_score_fp4_pooled(*_dev(q[:, :, :12], w[:, :, :12], codes, exps, entries))
     other = torch.float64 if interpreting() else torch.float32
@@ -219,6 +254,61 @@ def test_stable_topk_listed_ids_are_the_two_ops(gen, form, k, p):
         got = launcher.listed_ids(*_dev(scores, entries), k, n)
         assert got.dtype == torch.int64 and torch.equal(got.cpu(), want)
         _assert_topk_workspaces_cleared(launcher)
+
+
+@pytest.mark.parametrize("over", [{}, {"EARLY_SLACK": "off"}, {"DIGITS": (11, 11, 10)}],
+                         ids=["default", "every-pass", "11-bit-digits"])
+@pytest.mark.parametrize("p", [300, 301])
+def test_stable_topk_listed_ids_with_the_index_maxima_are_the_two_ops(gen, monkeypatch, over, p):
+    """listed_ids_with_maxima: the block maxima given (as the listed index launch writes them), the
+    fused passes do the first digit pass too and the first launch does not run; the ids equal
+    csa2_ops.select_listed_topk's with the reference sort, bit for bit (tied zeros at the k-th
+    place, padding picked on the short row, a last block past P), twice on one launcher (the
+    fused program resets the slot counter the collect counts from), with every pass run (no
+    early stop) and with 11-bit digits."""
+    from dsflash.model import csa2_ops
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
+
+    n, k = 3000, 40
+    scores, entries = _listed_case(gen, 3, p, 250, n)
+    launcher = topk_kernel.StableTopkLauncher(overrides={"FORM": "prefilter", "BLOCK": 2, "INDEX_MAXIMA": True}
+                                              | over)
+    assert launcher.maxima_block(3, p, k) == 2
+    want = csa2_ops.select_listed_topk(scores, entries, k, n)
+
+    class NotLaunched:
+        def __getitem__(self, grid):
+            raise AssertionError("the block-max form's first launch ran although the maxima were given")
+
+    monkeypatch.setattr(topk_kernel, "block_max_pass_kernel", NotLaunched())
+    for _ in range(2):
+        got = launcher.listed_ids_with_maxima(*_dev(scores, block_maxima(scores, 2), entries), k, n)
+        assert got.dtype == torch.int64 and torch.equal(got.cpu(), want)
+        _assert_topk_workspaces_cleared(launcher)
+
+
+def test_stable_topk_takes_index_maxima_only_where_its_form_reads_them(gen):
+    """maxima_block: 0 unless INDEX_MAXIMA is on (off by default until timed), and 0 where the form
+    is not the block-max form with fused passes (a listed pool of 16K at k = 512 below 16 rows:
+    radix; passes a launch each); else the form's block (8 for that pool from 16 rows). Maxima of
+    another shape, or for a form that takes none, are refused naming them."""
+    from dsflash.plugins.stable_topk import kernel as topk_kernel
+
+    assert topk_kernel.INDEX_MAXIMA_DEFAULT is False
+    assert topk_kernel.StableTopkLauncher().maxima_block(32, 16384, 512) == 0
+    on = topk_kernel.StableTopkLauncher(overrides={"INDEX_MAXIMA": True})
+    assert on.maxima_block(16, 16384, 512) == on.maxima_block(128, 16384, 512) == 8
+    assert on.maxima_block(8, 16384, 512) == 0
+    each = topk_kernel.StableTopkLauncher(overrides={"INDEX_MAXIMA": True, "PASS_LAUNCH": "each"})
+    assert each.maxima_block(32, 16384, 512) == 0
+    with pytest.raises(ValueError, match="INDEX_MAXIMA must be a boolean, got 1"):
+        topk_kernel.StableTopkLauncher(overrides={"INDEX_MAXIMA": 1}).maxima_block(32, 16384, 512)
+    scores, entries = _listed_case(gen, 2, 64, 40, 500)
+    small = topk_kernel.StableTopkLauncher(overrides={"FORM": "prefilter", "BLOCK": 2, "INDEX_MAXIMA": True})
+    with pytest.raises(ValueError, match=r"maxima \(2, 1, 31\) must be \(2, 1, 32\) \(runs of 2"):
+        small.listed_ids_with_maxima(*_dev(scores, block_maxima(scores, 2)[..., :31], entries), 8, 500)
+    with pytest.raises(ValueError, match="2 rows of 64 scores at k = 8 take no block maxima"):
+        on.listed_ids_with_maxima(*_dev(scores, block_maxima(scores, 2), entries), 8, 500)
 
 
 def test_stable_topk_listed_ids_refuse_bad_input(gen):
@@ -904,6 +994,34 @@ def test_tiny_model_runs_on_the_kernels(tiny_cfg, gen, topk_kernel, pool_form, k
         model.ops.pool_form = pool_form
         got = model(ids)
     assert_close(got.cpu(), expected.cpu(), MODEL, "tiny logits, triton vs reference ops")
+
+
+@pytest.mark.parametrize("kv_qat", [False, True])
+def test_tiny_model_listed_pools_take_the_index_maxima(tiny_cfg, gen, kv_qat):
+    """OpSet('triton').select_in_listed_pool with the index launch writing the block maxima
+    (INDEX_MAXIMA on; the tiny pools take the block-max form over blocks of 2): every Reindex
+    layer in the pool selects through listed_ids_with_maxima, and the logits are bit for bit those
+    of the same ops without the maxima (the same selection). kv_qat: the FP4 keys' scores."""
+    from dsflash.model.model import DSFlashModel
+
+    from conftest import random_ids
+
+    cfg = tiny_cfg.replace(kv_qat=True, index_head_dim=32) if kv_qat else tiny_cfg
+    model = DSFlashModel(cfg).init_weights(seed=1234).eval().to(DEVICE)
+    ids = random_ids(gen, 2, 13, cfg.vocab_size).to(DEVICE)
+    model.ops.backend, model.ops.pool_form = "triton", "list"
+    topk = model.ops._kernels["stable_topk"]
+    calls = []
+    with_maxima = topk.listed_ids_with_maxima
+    topk.listed_ids_with_maxima = lambda *args: calls.append(args[1].shape) or with_maxima(*args)
+    with torch.no_grad():
+        topk._overrides.update({"FORM": "prefilter", "BLOCK": 2})
+        plain = model(ids)
+        assert not calls
+        topk._overrides["INDEX_MAXIMA"] = True
+        got = model(ids)
+    assert calls, "no layer took the index launch's maxima"
+    assert torch.equal(got, plain)
 
 
 @pytest.mark.parametrize("digits", [(8, 8, 8), (12, 10, 10), (0, 16, 16)])

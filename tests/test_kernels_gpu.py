@@ -70,9 +70,14 @@ def test_listed_pool_scores_and_picks_flash_sizes(gen, rows):
     launch; 64 rows: its key copies two blocks ahead), and the top-k over the list picks what the
     top-k over all entries picks, as two ops and as the listed top-k's one launcher call."""
     from dsflash.model import csa2_ops
-    from dsflash.plugins.csa2_index_score.pooled import (csa2_index_score_pooled, listed_pipelined_config,
-                                                          listed_pipelined_launch)
+    from dsflash.plugins.csa2_index_score.pooled import (
+        csa2_index_score_pooled,
+        csa2_index_score_pooled_maxima,
+        listed_pipelined_config,
+        listed_pipelined_launch,
+    )
     from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
+    from dsflash.plugins.stable_topk.reference import block_maxima
 
     n, block, kept = 16411, 8, 512
     q = torch.randn(rows, 1, 32, 128, generator=gen).to(BF16)
@@ -107,6 +112,16 @@ def test_listed_pool_scores_and_picks_flash_sizes(gen, rows):
                  {"COLLECT_WARPS": 4, "RANK_WARPS": 4, "CMP_BLOCK": 256}):
         ids = StableTopkLauncher(overrides=over).listed_ids(got, entries.cuda(), 512, n)
         assert torch.equal(ids, want), over
+    # the index launch writing the block maxima, the top-k taking them (INDEX_MAXIMA; from 16 rows)
+    with_maxima = StableTopkLauncher(overrides={"INDEX_MAXIMA": True})
+    run = with_maxima.maxima_block(rows, kept * block, 512)
+    assert run == (8 if rows >= 16 else 0)
+    if run:
+        scores, maxima = csa2_index_score_pooled_maxima(*cuda(q, w, k, entries), run)
+        assert torch.equal(scores, got) and torch.equal(maxima, block_maxima(got, run))
+        for over in ({}, {"EARLY_SLACK": "off"}):
+            launcher = StableTopkLauncher(overrides={"INDEX_MAXIMA": True} | over)
+            assert torch.equal(launcher.listed_ids_with_maxima(scores, maxima, entries.cuda(), 512, n), want)
 
 
 @pytest.mark.parametrize("over", [{}, {"BLOCK_N": 128, "BLOCKS": 16, "STAGES": 3}], ids=["branch", "pipelined"])
@@ -116,7 +131,11 @@ def test_listed_pool_fp4_scores_flash_sizes(gen, over):
     listed entry (the same per-entry products in the same order)."""
     from dsflash.model import csa2_ops
     from dsflash.model.quant import fp4_pow2_pack
-    from dsflash.plugins.csa2_index_score.pooled_fp4 import csa2_index_score_fp4_pooled
+    from dsflash.plugins.csa2_index_score.pooled_fp4 import (
+        csa2_index_score_fp4_pooled,
+        csa2_index_score_fp4_pooled_maxima,
+    )
+    from dsflash.plugins.stable_topk.reference import block_maxima
 
     rows, n, block, kept = 12, 16411, 8, 512
     q = torch.randn(rows, 1, 32, 128, generator=gen).to(BF16)
@@ -134,6 +153,9 @@ def test_listed_pool_fp4_scores_flash_sizes(gen, over):
     masked = index_kernel.csa2_index_score_fp4(*cuda(q, w, codes, exps, member), overrides={"PATH": "mma"})
     listed = entries.cuda() >= 0
     assert torch.equal(got[listed], masked.gather(2, entries.cuda().long().clamp_min(0))[listed])
+    # with the block maxima the top-k takes from it (INDEX_MAXIMA): the same scores, their maxima
+    scores, maxima = csa2_index_score_fp4_pooled_maxima(*cuda(*args), 8, overrides=over)
+    assert torch.equal(scores, got) and torch.equal(maxima, block_maxima(got, 8))
 
 
 FP4_LAUNCHES = {"decode": {"PATH": "decode"}, "mma": {"PATH": "mma"},

@@ -58,4 +58,4 @@ def test_pdl_kernels_wait_before_touching_memory():
     assert run.returncode == 0, run.stderr[-2000:]
     from dsflash.plugins.pdl import pdl_kernel_specs
 
-    assert run.stderr.count("before the wait") == len(pdl_kernel_specs()) == 26, run.stderr[-2000:]
+    assert run.stderr.count("before the wait") == len(pdl_kernel_specs()) == 28, run.stderr[-2000:]

@@ -30,43 +30,64 @@ from dsflash.plugins.launch import (
     check_dtype,
     check_interpreter_dot,
     check_shape,
+    is_pow2,
     require,
 )
 from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
+from dsflash.plugins.stable_topk.keys import BIG
 
 
 @triton.jit
-def _listed_block_scores(q_ptr, w_ptr, k_ptr, entries_ptr, out_ptr, b, s, S, N, P, q, w, p,
+def _listed_block_scores(q_ptr, w_ptr, k_ptr, entries_ptr, out_ptr, bm_ptr, b, s, S, N, P, q, w, start,
                          I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr,
-                         BLOCK_J: tl.constexpr, IEEE: tl.constexpr):
-    """Scores of list slots p (one block) stored: -inf where the id is outside [0, N). The keys
-    of such slots stay unread (masked lanes issue no memory requests)."""
+                         BLOCK_J: tl.constexpr, IEEE: tl.constexpr, MAX_BLOCK: tl.constexpr):
+    """Scores of list slots start + [0, BLOCK_N) (one block) stored: -inf where the id is outside
+    [0, N). The keys of such slots stay unread (masked lanes issue no memory requests). MAX_BLOCK
+    > 0: their maxima over runs of MAX_BLOCK slots too (store_block_maxima)."""
     jj = tl.arange(0, BLOCK_J)
+    p = start + tl.arange(0, BLOCK_N)
     pmask = p < P
     entry = tl.load(entries_ptr + (b * S + s) * P + p, mask=pmask, other=-1)
     listed = (entry >= 0) & (entry < N)
     keys = tl.load(k_ptr + (b * N + entry[:, None]) * J + jj[None, :],
                    mask=listed[:, None] & (jj < J)[None, :], other=0.0)
     acc = _row_key_scores(keys, q_ptr, w_ptr, b, s, S, q, w, I, J, BLOCK_N, BLOCK_I, BLOCK_J, IEEE)
-    tl.store(out_ptr + (b * S + s) * P + p, tl.where(listed, acc, float("-inf")), mask=pmask)
+    score = tl.where(listed, acc, float("-inf"))
+    tl.store(out_ptr + (b * S + s) * P + p, score, mask=pmask)
+    store_block_maxima(score, bm_ptr, b * S + s, P, start, BLOCK_N, MAX_BLOCK)
 
 
 @triton.jit
-def csa2_index_score_pooled_kernel(q_ptr, w_ptr, k_ptr, entries_ptr, S, N, P, out_ptr,
+def store_block_maxima(score, bm_ptr, row, P, start, BLOCK_N: tl.constexpr, MAX_BLOCK: tl.constexpr):
+    """The maxima of a block of BLOCK_N scores (slots start + [0, BLOCK_N) of a row of P; -inf
+    past P) over runs of MAX_BLOCK slots, clamped as the top-k's keys clamp, into
+    bm_ptr[row, start / MAX_BLOCK:] of a [rows, cdiv(P, MAX_BLOCK)] buffer: the block-max top-k's
+    first launch (stable_topk/prefilter.py:block_max_pass_kernel) computes the same from the
+    stored scores. Nothing where MAX_BLOCK is 0."""
+    if MAX_BLOCK > 0:
+        RUNS: tl.constexpr = BLOCK_N // MAX_BLOCK
+        m = tl.cdiv(P, MAX_BLOCK)
+        clamped = tl.minimum(tl.maximum(score, -BIG), BIG)
+        top = tl.max(tl.reshape(clamped, (RUNS, MAX_BLOCK)), axis=1)
+        j = start // MAX_BLOCK + tl.arange(0, RUNS)
+        tl.store(bm_ptr + row.to(tl.int64) * m + j, top, mask=j < m)
+
+
+@triton.jit
+def csa2_index_score_pooled_kernel(q_ptr, w_ptr, k_ptr, entries_ptr, S, N, P, out_ptr, bm_ptr,
                                    I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr,
                                    BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, IEEE: tl.constexpr,
                                    BLOCKS: tl.constexpr = 1, STAGES: tl.constexpr = 1,
-                                   PDL: tl.constexpr = False):
+                                   MAX_BLOCK: tl.constexpr = 0, PDL: tl.constexpr = False):
     # Grid (B * S, cdiv(P, BLOCK_N * BLOCKS)); BLOCKS > 1 runs a program's blocks in a software-
     # pipelined loop (the next blocks' ids and keys in flight while one is multiplied), as the mask
-    # form's long-row launch does.
+    # form's long-row launch does. MAX_BLOCK > 0: the block maxima into bm_ptr as well.
     wait_for_earlier_grids(PDL)
     b, s, q, w = _row_queries(q_ptr, w_ptr, S, I, J, BLOCK_I, BLOCK_J)
     first = tl.program_id(1) * BLOCKS * BLOCK_N
     for blk in tl.range(0, BLOCKS, num_stages=STAGES):
-        p = first + blk * BLOCK_N + tl.arange(0, BLOCK_N)
-        _listed_block_scores(q_ptr, w_ptr, k_ptr, entries_ptr, out_ptr, b, s, S, N, P, q, w, p, I, J,
-                             BLOCK_N, BLOCK_I, BLOCK_J, IEEE)
+        _listed_block_scores(q_ptr, w_ptr, k_ptr, entries_ptr, out_ptr, bm_ptr, b, s, S, N, P, q, w,
+                             first + blk * BLOCK_N, I, J, BLOCK_N, BLOCK_I, BLOCK_J, IEEE, MAX_BLOCK)
 
 
 def csa2_index_score_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: torch.Tensor,
@@ -75,6 +96,20 @@ def csa2_index_score_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: to
     int64 ids, -1 (or any id outside [0, N)) for an empty slot. Launch settings as the mask form's
     for P entries a row (pipelined for long lists at a batch); `overrides` replaces them (BLOCK_N,
     BLOCKS, STAGES, num_warps, PDL: benchmarks, tests)."""
+    return _pooled_launch(q_BSIJ, w_BSI, k_BNJ, entries_BSP, 0, overrides)[0]
+
+
+def csa2_index_score_pooled_maxima(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: torch.Tensor,
+                                   entries_BSP: torch.Tensor, block: int, *,
+                                   overrides: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's signature (reference.py:csa2_index_score_pooled_maxima): the scores and
+    their maxima over runs of `block` slots [B, S, cdiv(P, block)], written by the same launch
+    (a power of two dividing its BLOCK_N; a ValueError naming it otherwise)."""
+    return _pooled_launch(q_BSIJ, w_BSI, k_BNJ, entries_BSP, block, overrides)
+
+
+def _pooled_launch(q_BSIJ, w_BSI, k_BNJ, entries_BSP, block: int, overrides: dict | None):
+    """(scores, maxima or None) of the two launchers above (block 0: no maxima)."""
     op = "Csa2IndexScore(pooled)"
     check_shape(op, "q", q_BSIJ, (None, None, None, None))
     b, s, i, j = q_BSIJ.shape
@@ -89,15 +124,21 @@ def csa2_index_score_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: to
     check_interpreter_dot(op, q=q_BSIJ, k=k_BNJ)
     n = k_BNJ.shape[1]
     q, w, k, entries = (t.contiguous() for t in (q_BSIJ, w_BSI, k_BNJ, entries_BSP))
-    out = torch.empty(b, s, p, dtype=torch.float32, device=q.device)
-    if out.numel() == 0:
-        return out
     over = dict(overrides or {})
     pdl = pdl_launch_args(q.device, {"PDL": over.pop("PDL", True)})
     cfg = launch_config(i, j, q.dtype) | listed_pipelined_config(b * s, p, j, q.dtype, q.device) | over
+    require(block == 0 or (is_pow2(block) and cfg["BLOCK_N"] % block == 0),
+            f"{op}: maxima over runs of {block} slots: a power of two dividing the launch's BLOCK_N "
+            f"{cfg['BLOCK_N']} is needed")
+    out = torch.empty(b, s, p, dtype=torch.float32, device=q.device)
+    # without maxima the kernel gets the scores' buffer in their place, never written through it
+    maxima = torch.empty(b, s, cdiv(p, block), dtype=torch.float32, device=q.device) if block else None
+    if out.numel() == 0:
+        return out, maxima
     grid = (b * s, cdiv(p, cfg["BLOCK_N"] * cfg.get("BLOCKS", 1)))
-    csa2_index_score_pooled_kernel[grid](q, w, k, entries, s, n, p, out, I=i, J=j, **cfg, **pdl)
-    return out
+    csa2_index_score_pooled_kernel[grid](q, w, k, entries, s, n, p, out, out if maxima is None else maxima,
+                                         I=i, J=j, MAX_BLOCK=block, **cfg, **pdl)
+    return out, maxima
 
 
 def listed_pipelined_config(rows: int, p: int, dim: int, dtype: torch.dtype, device: torch.device) -> dict:

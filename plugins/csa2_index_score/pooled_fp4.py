@@ -19,17 +19,29 @@ import triton.language as tl
 from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.csa2_index_score.fp4_mma import _fp4_block_dots, _weighted_relu_sum, program_queries
 from dsflash.plugins.csa2_index_score.kernel import _check, check_fp4_keys, exponent_words
-from dsflash.plugins.launch import check_device, check_dtype, check_shape, interpreting, next_pow2, require
+from dsflash.plugins.csa2_index_score.pooled import store_block_maxima
+from dsflash.plugins.launch import (
+    check_device,
+    check_dtype,
+    check_shape,
+    interpreting,
+    is_pow2,
+    next_pow2,
+    require,
+)
 from dsflash.plugins.pdl import pdl_launch_args, wait_for_earlier_grids
 
 
 @triton.jit
-def _listed_fp4_scores(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, p, q_hi, q_lo, w,
+def _listed_fp4_scores(codes_ptr, exps_ptr, entries_ptr, out_ptr, bm_ptr, row, b, N, P, start, q_hi, q_lo, w,
                        I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr,
-                       EXP_WORDS: tl.constexpr, SKIP_EMPTY: tl.constexpr, LO: tl.constexpr):
-    """Scores of list slots p (one block) stored, -inf where the id is outside [0, N); such slots'
-    codes and exponents stay unread. SKIP_EMPTY: a block with no listed id (the list's -1 padding)
-    does no products at all (a branch; the unpipelined launch)."""
+                       EXP_WORDS: tl.constexpr, SKIP_EMPTY: tl.constexpr, LO: tl.constexpr,
+                       MAX_BLOCK: tl.constexpr):
+    """Scores of list slots start + [0, BLOCK_N) (one block) stored, -inf where the id is outside
+    [0, N); such slots' codes and exponents stay unread. SKIP_EMPTY: a block with no listed id (the
+    list's -1 padding) does no products at all (a branch; the unpipelined launch). MAX_BLOCK > 0:
+    their maxima over runs of MAX_BLOCK slots too (pooled.py:store_block_maxima)."""
+    p = start + tl.arange(0, BLOCK_N)
     pmask = p < P
     entry = tl.load(entries_ptr + row * P + p, mask=pmask, other=-1)
     listed = (entry >= 0) & (entry < N)
@@ -43,15 +55,18 @@ def _listed_fp4_scores(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, 
         acc = _fp4_block_dots(codes_ptr, exps_ptr, b * N + entry, listed, q_hi, q_lo, I, J, BLOCK_N, ASM,
                               EXP_WORDS, LO)
         score = _weighted_relu_sum(acc, w)
-    tl.store(out_ptr + row * P + p, tl.where(listed, score, float("-inf")), mask=pmask)
+    score = tl.where(listed, score, float("-inf"))
+    tl.store(out_ptr + row * P + p, score, mask=pmask)
+    store_block_maxima(score, bm_ptr, row, P, start, BLOCK_N, MAX_BLOCK)
 
 
 @triton.jit
 def csa2_index_score_fp4_pooled_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, entries_ptr, S, N, P, out_ptr,
-                                       I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr,
+                                       bm_ptr, I: tl.constexpr, J: tl.constexpr, JP: tl.constexpr,
                                        BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr,
                                        STAGES: tl.constexpr = 0, EXP_WORDS: tl.constexpr = False,
-                                       LO_SKIP: tl.constexpr = True, PDL: tl.constexpr = False):
+                                       LO_SKIP: tl.constexpr = True, MAX_BLOCK: tl.constexpr = 0,
+                                       PDL: tl.constexpr = False):
     """Grid (B * S query rows, runs of BLOCKS list blocks of BLOCK_N slots): one query split per
     program serves its blocks. STAGES 0: plain loop, empty blocks skipped; STAGES >= 2: a
     software-pipelined loop (the next blocks' ids, codes and exponents in flight while one is
@@ -62,38 +77,37 @@ def csa2_index_score_fp4_pooled_kernel(q_ptr, w_ptr, codes_ptr, exps_ptr, entrie
     the offline sm_90 compile of session 38 with int32 ids and word exponents). Measured and dropped
     (session 36): the run's ids loaded before the loop, each block's taken out in registers, so
     that no code copy waits on the newest id copy (the TTGIR's async_wait of 0): 86.6 against
-    65.0 us at 64 rows (H100), a cross-warp reduction per block costing more than it hid."""
+    65.0 us at 64 rows (H100), a cross-warp reduction per block costing more than it hid.
+    MAX_BLOCK > 0: the block maxima into bm_ptr as well (csa2_index_score_fp4_pooled_maxima)."""
     wait_for_earlier_grids(PDL)
     row, b, q_hi, q_lo, w, has_lo = program_queries(q_ptr, w_ptr, S, I, J, JP)
     first = tl.program_id(1) * BLOCKS
     last = tl.minimum(first + BLOCKS, tl.cdiv(P, BLOCK_N))
     if LO_SKIP:  # a row without a lo part (kv_qat's queries) runs the loop without the lo products
         if has_lo:
-            _listed_blocks(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, first, last, q_hi, q_lo,
-                           w, I, J, BLOCK_N, ASM, STAGES, EXP_WORDS, True)
+            _listed_blocks(codes_ptr, exps_ptr, entries_ptr, out_ptr, bm_ptr, row, b, N, P, first, last, q_hi,
+                           q_lo, w, I, J, BLOCK_N, ASM, STAGES, EXP_WORDS, True, MAX_BLOCK)
         else:
-            _listed_blocks(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, first, last, q_hi, q_lo,
-                           w, I, J, BLOCK_N, ASM, STAGES, EXP_WORDS, False)
+            _listed_blocks(codes_ptr, exps_ptr, entries_ptr, out_ptr, bm_ptr, row, b, N, P, first, last, q_hi,
+                           q_lo, w, I, J, BLOCK_N, ASM, STAGES, EXP_WORDS, False, MAX_BLOCK)
     else:
-        _listed_blocks(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, first, last, q_hi, q_lo, w, I,
-                       J, BLOCK_N, ASM, STAGES, EXP_WORDS, True)
+        _listed_blocks(codes_ptr, exps_ptr, entries_ptr, out_ptr, bm_ptr, row, b, N, P, first, last, q_hi,
+                       q_lo, w, I, J, BLOCK_N, ASM, STAGES, EXP_WORDS, True, MAX_BLOCK)
 
 
 @triton.jit
-def _listed_blocks(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, first, last, q_hi, q_lo, w,
-                   I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr,
-                   STAGES: tl.constexpr, EXP_WORDS: tl.constexpr, LO: tl.constexpr):
+def _listed_blocks(codes_ptr, exps_ptr, entries_ptr, out_ptr, bm_ptr, row, b, N, P, first, last, q_hi, q_lo,
+                   w, I: tl.constexpr, J: tl.constexpr, BLOCK_N: tl.constexpr, ASM: tl.constexpr,
+                   STAGES: tl.constexpr, EXP_WORDS: tl.constexpr, LO: tl.constexpr, MAX_BLOCK: tl.constexpr):
     """List blocks [first, last) of one query row (the kernel's loop; LO: with the lo products)."""
     if STAGES == 0:
         for blk in range(first, last):
-            p = blk * BLOCK_N + tl.arange(0, BLOCK_N)
-            _listed_fp4_scores(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, p, q_hi, q_lo, w,
-                               I, J, BLOCK_N, ASM, EXP_WORDS, True, LO)
+            _listed_fp4_scores(codes_ptr, exps_ptr, entries_ptr, out_ptr, bm_ptr, row, b, N, P, blk * BLOCK_N,
+                               q_hi, q_lo, w, I, J, BLOCK_N, ASM, EXP_WORDS, True, LO, MAX_BLOCK)
     else:
         for blk in tl.range(first, last, num_stages=STAGES):
-            p = blk * BLOCK_N + tl.arange(0, BLOCK_N)
-            _listed_fp4_scores(codes_ptr, exps_ptr, entries_ptr, out_ptr, row, b, N, P, p, q_hi, q_lo, w,
-                               I, J, BLOCK_N, ASM, EXP_WORDS, False, LO)
+            _listed_fp4_scores(codes_ptr, exps_ptr, entries_ptr, out_ptr, bm_ptr, row, b, N, P, blk * BLOCK_N,
+                               q_hi, q_lo, w, I, J, BLOCK_N, ASM, EXP_WORDS, False, LO, MAX_BLOCK)
 
 
 def csa2_index_score_fp4_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: torch.Tensor,
@@ -106,6 +120,20 @@ def csa2_index_score_fp4_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes
     multiply bf16) and a power-of-two head count of 16 or more. Launch settings from
     pooled_fp4_config; `overrides` replaces them (BLOCK_N, BLOCKS, STAGES, EXP_WORDS, LO_SKIP,
     num_warps, maxnreg, PDL: benchmarks, tests)."""
+    return _fp4_pooled_launch(q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP, 0, overrides)[0]
+
+
+def csa2_index_score_fp4_pooled_maxima(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: torch.Tensor,
+                                       exps_BNG: torch.Tensor, entries_BSP: torch.Tensor, block: int, *,
+                                       overrides: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's signature (reference.py:csa2_index_score_fp4_pooled_maxima): the scores and
+    their maxima over runs of `block` slots [B, S, cdiv(P, block)] from the same launch (a power of
+    two dividing its BLOCK_N; a ValueError naming it otherwise)."""
+    return _fp4_pooled_launch(q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP, block, overrides)
+
+
+def _fp4_pooled_launch(q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP, block: int, overrides: dict | None):
+    """(scores, maxima or None) of the two launchers above (block 0: no maxima)."""
     op = "Csa2IndexScore(fp4, pooled)"
     n, p = _check_listed(op, q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP)
     b, s, heads, j = q_BSIJ.shape
@@ -114,18 +142,23 @@ def csa2_index_score_fp4_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes
             f"{op}: the FP8 tensor-core path needs a power-of-two head count >= 16, got {heads}")
     check_device(op, q=q_BSIJ, w=w_BSI, codes=codes_BNH, exps=exps_BNG, entries=entries_BSP)
     q, w, entries = q_BSIJ.contiguous(), w_BSI.contiguous(), entries_BSP.contiguous()
-    out = torch.empty(b, s, p, dtype=torch.float32, device=q.device)
-    if out.numel() == 0:
-        return out
     over = dict(overrides or {})
     pdl = pdl_launch_args(q.device, {"PDL": over.pop("PDL", True)})
     cfg = pooled_fp4_config(b * s, p, q.device) | over
+    require(block == 0 or (is_pow2(block) and cfg["BLOCK_N"] % block == 0),
+            f"{op}: maxima over runs of {block} slots: a power of two dividing the launch's BLOCK_N "
+            f"{cfg['BLOCK_N']} is needed")
+    out = torch.empty(b, s, p, dtype=torch.float32, device=q.device)
+    # without maxima the kernel gets the scores' buffer in their place, never written through it
+    maxima = torch.empty(b, s, cdiv(p, block), dtype=torch.float32, device=q.device) if block else None
+    if out.numel() == 0:
+        return out, maxima
     exps = exponent_words(op, exps_BNG, j, cfg)
     grid = (b * s, cdiv(cdiv(p, cfg["BLOCK_N"]), cfg["BLOCKS"]))
     csa2_index_score_fp4_pooled_kernel[grid](q, w, codes_BNH.contiguous(), exps, entries, s, n, p, out,
-                                             I=heads, J=j, JP=next_pow2(j), ASM=not interpreting(), **cfg,
-                                             **pdl)
-    return out
+                                             out if maxima is None else maxima, I=heads, J=j, JP=next_pow2(j),
+                                             ASM=not interpreting(), MAX_BLOCK=block, **cfg, **pdl)
+    return out, maxima
 
 
 def _check_listed(op: str, q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP) -> tuple[int, int]:
@@ -143,31 +176,47 @@ def _check_listed(op: str, q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP) -> t
 def listed_fp4_scores(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: torch.Tensor,
                       exps_BNG: torch.Tensor, entries_BSP: torch.Tensor) -> torch.Tensor:
     """What OpSet("triton") runs for a listed pool over FP4 keys, with the reference's signature:
-    the kernel above where its FP8 products fit (bf16 queries, fp32 under the interpreter; a
+    the kernel above where its FP8 products fit (bf16 queries, fp32 under the Triton interpreter; a
     power-of-two head count >= 16: the released sizes). Otherwise (test and small presets) the
     listed entries' codes and exponents are gathered, decoded exactly
     (reference.py:unpack_keys_fp4) and scored with PyTorch ops: work in proportion to the list,
     not to N."""
+    return _listed_fp4(q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP, 0)[0]
+
+
+def listed_fp4_scores_maxima(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: torch.Tensor,
+                             exps_BNG: torch.Tensor, entries_BSP: torch.Tensor,
+                             block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """listed_fp4_scores with the scores' block maxima (reference.py:
+    csa2_index_score_fp4_pooled_maxima's signature): from the kernel's launch where it runs, else
+    from the scores (stable_topk/reference.py:block_maxima)."""
+    return _listed_fp4(q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP, block)
+
+
+def _listed_fp4(q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP, block: int):
+    """(scores, maxima or None) of the two functions above (block 0: no maxima)."""
     heads = q_BSIJ.shape[2] if q_BSIJ.dim() == 4 else 0
     dtype = torch.float32 if interpreting() else torch.bfloat16
     if heads >= 16 and heads == next_pow2(heads) and q_BSIJ.dtype == dtype:
-        return csa2_index_score_fp4_pooled(q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP)
+        return _fp4_pooled_launch(q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP, block, None)
     from dsflash.plugins.csa2_index_score.reference import csa2_index_score, unpack_keys_fp4
+    from dsflash.plugins.stable_topk.reference import block_maxima
 
     n, p = _check_listed("Csa2IndexScore(fp4, pooled)", q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP)
     b, s, heads, j = q_BSIJ.shape
     ids = entries_BSP.long()
     listed = (ids >= 0) & (ids < n)
     if n == 0:
-        return torch.full(ids.shape, float("-inf"), dtype=torch.float32, device=ids.device)
-    rows = ids.clamp(0, n - 1).flatten(1).unsqueeze(-1)  # [B, S*P, 1]
-    codes = codes_BNH.gather(1, rows.expand(-1, -1, codes_BNH.shape[2]))
-    exps = exps_BNG.gather(1, rows.expand(-1, -1, exps_BNG.shape[2]))
-    keys = unpack_keys_fp4(codes, exps, torch.float32).view(b * s, p, j)
-    # each query row against its own listed keys: the reference with one row per batch item
-    scores = csa2_index_score(q_BSIJ.reshape(b * s, 1, heads, j), w_BSI.reshape(b * s, 1, heads), keys,
-                              listed.view(b * s, 1, p))
-    return scores.view(b, s, p)
+        scores = torch.full(ids.shape, float("-inf"), dtype=torch.float32, device=ids.device)
+    else:
+        rows = ids.clamp(0, n - 1).flatten(1).unsqueeze(-1)  # [B, S*P, 1]
+        codes = codes_BNH.gather(1, rows.expand(-1, -1, codes_BNH.shape[2]))
+        exps = exps_BNG.gather(1, rows.expand(-1, -1, exps_BNG.shape[2]))
+        keys = unpack_keys_fp4(codes, exps, torch.float32).view(b * s, p, j)
+        # each query row against its own listed keys: the reference with one row per batch item
+        scores = csa2_index_score(q_BSIJ.reshape(b * s, 1, heads, j), w_BSI.reshape(b * s, 1, heads), keys,
+                                  listed.view(b * s, 1, p)).view(b, s, p)
+    return scores, (block_maxima(scores, block) if block else None)
 
 
 # A wave of the pipelined launch (4 programs on each SM) in runs of 4, 8 and 16 blocks, relative

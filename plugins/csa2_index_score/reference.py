@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from dsflash.plugins.dtypes import e2m1_values, exact_pow2, f32
+from dsflash.plugins.stable_topk.reference import block_maxima
 
 
 def csa2_index_score(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: torch.Tensor,
@@ -56,6 +57,24 @@ def csa2_index_score_fp4_pooled(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes
     """Scores of listed entries over FP4 keys as stored in the release: csa2_index_score_pooled
     with the keys unpacked (unpack_keys_fp4)."""
     return csa2_index_score_pooled(q_BSIJ, w_BSI, unpack_keys_fp4(codes_BNH, exps_BNG, q_BSIJ.dtype), entries_BSP)
+
+
+def csa2_index_score_pooled_maxima(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, k_BNJ: torch.Tensor,
+                                   entries_BSP: torch.Tensor,
+                                   block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """csa2_index_score_pooled's scores [B, S, P] and their block maxima [B, S, cdiv(P, block)]
+    (stable_topk/reference.py:block_maxima), which the block-max top-k over the list would
+    otherwise compute in a launch of its own (the kernel writes them as it stores the scores)."""
+    scores = csa2_index_score_pooled(q_BSIJ, w_BSI, k_BNJ, entries_BSP)
+    return scores, block_maxima(scores, block)
+
+
+def csa2_index_score_fp4_pooled_maxima(q_BSIJ: torch.Tensor, w_BSI: torch.Tensor, codes_BNH: torch.Tensor,
+                                       exps_BNG: torch.Tensor, entries_BSP: torch.Tensor,
+                                       block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """csa2_index_score_pooled_maxima over FP4 keys (csa2_index_score_fp4_pooled)."""
+    scores = csa2_index_score_fp4_pooled(q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP)
+    return scores, block_maxima(scores, block)
 
 
 def shape(q_shape, w_shape, k_shape, visible_shape):

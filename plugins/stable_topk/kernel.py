@@ -110,6 +110,9 @@ TIE_STEP, TIE_STEP_CHUNK = 512, 2048
 # rows short of 4k blocks of PREFILTER_BLOCK take the block-max form over blocks of half as many
 # from this many rows, where those are 4k (H200 and H100 sweeps in _form)
 SMALL_BLOCK_ROWS = 16
+# whether maxima_block offers the listed index kernel's block maxima (INDEX_MAXIMA): off until
+# timed on a GPU (written in session 53, untimed)
+INDEX_MAXIMA_DEFAULT = False
 
 
 def digit_passes(digits: tuple) -> tuple:
@@ -230,14 +233,16 @@ class StableTopkLauncher(LauncherBase):
     RANK_COVER x k candidates) with RANK_WARPS (their warps: 1 by default from RANK_ONE_WARP_ROWS
     rows, else num_warps), RANK_TILE and RANK_AHEAD (True: keys.place_among's TILE / AHEAD, how a
     rank step loads its keys: _rank_load) and TIE_STEP (entries of a chunk their tie path reads at
-    a time: _tie_step)."""
+    a time: _tie_step); INDEX_MAXIMA (True: maxima_block offers the listed index launch's block
+    maxima, listed_ids_with_maxima)."""
 
     MAX_PROGRAMS = 1024  # per row: the select pass reads every program's tie count in one load
     # the override names the launcher reads (the docstring's list), for callers that check theirs
     OVERRIDES = frozenset({"DIGITS", "CHUNK", "num_warps", "MAX_K", "RANK_BLOCK", "CMP_BLOCK", "PDL",
                            "SKIP_IDLE", "FORM", "BLOCK", "COLLECT", "LIVE_BLOCKS", "BM_CHUNK", "TIES",
                            "PASS_LAUNCH", "PASS_WARPS", "RANK_COVER", "EARLY_SLACK", "RANK_WARPS",
-                           "BM_WARPS", "COLLECT_WARPS", "RANK_TILE", "RANK_AHEAD", "TIE_STEP"})
+                           "BM_WARPS", "COLLECT_WARPS", "RANK_TILE", "RANK_AHEAD", "TIE_STEP",
+                           "INDEX_MAXIMA"})
 
     def __init__(self, sm_count: int | None = None, overrides: dict | None = None):
         super().__init__(sm_count, overrides)
@@ -271,6 +276,10 @@ class StableTopkLauncher(LauncherBase):
         itself, where the top-k and then listed_picks would take a launch more (and its wait) and
         a round trip of the values and positions. A list can hold at most the n entries (P <= n,
         as the model sizes it), or its picks would not fit min(k, n) columns."""
+        return self._listed(scores_BSP, entries_BSP, k, n)
+
+    def _listed(self, scores_BSP, entries_BSP, k: int, n: int, maxima: torch.Tensor | None = None):
+        """listed_ids, with the scores' block maxima flat [rows * M] where given."""
         op = "StableTopk(listed)"
         check_shape(op, "scores", scores_BSP, (None, None, None))
         check_dtype(op, "entries", entries_BSP, (torch.int32, torch.int64))
@@ -279,11 +288,50 @@ class StableTopkLauncher(LauncherBase):
         k_out, width = min(k, scores_BSP.shape[-1]), min(k, n)
         require(width >= k_out, f"{op}: a list of {scores_BSP.shape[-1]} entries over n = {n}: the "
                 f"top-k's {k_out} columns exceed min(k, n) = {width}")
-        return self._select(scores_BSP, k, entries_BSP, width)
+        return self._select(scores_BSP, k, entries_BSP, width, maxima)
+
+    def maxima_block(self, rows: int, p: int, k: int) -> int:
+        """The run of slots whose maxima listed_ids_with_maxima takes with `rows` lists of p
+        scores for this k: the block-max form's block where that form runs with its digit passes
+        in one program per row (_form, _pass_launch; a listed pool of 16K at k = 512: 8 from 16
+        rows), else 0 (the top-k computes what it needs from the scores). 0 as well unless the
+        override INDEX_MAXIMA is True (INDEX_MAXIMA_DEFAULT)."""
+        use = self._overrides.get("INDEX_MAXIMA", INDEX_MAXIMA_DEFAULT)
+        require(isinstance(use, bool), f"StableTopk: INDEX_MAXIMA must be a boolean, got {use!r}")
+        k_out = min(k, p)
+        if not use or rows < 1 or k_out < 1 or next_pow2(k_out) > self._overrides.get("MAX_K", 8192) \
+                or p >= 2**31:
+            return 0
+        form, block = self._form(p, k_out, self._overrides.get("BLOCK", PREFILTER_BLOCK), rows)
+        passes = digit_passes(tuple(self._overrides.get("DIGITS", DIGITS)))
+        if form != "prefilter" or self._pass_launch(cdiv(p, block), passes) != "fused":
+            return 0
+        return block
+
+    def listed_ids_with_maxima(self, scores_BSP: torch.Tensor, maxima_BSM: torch.Tensor,
+                               entries_BSP: torch.Tensor, k: int, n: int) -> torch.Tensor:
+        """listed_ids over scores whose block maxima came with them: maxima [B, S, cdiv(P, block)]
+        for the block maxima_block gives (csa2_index_score_pooled_maxima writes them in the index
+        launch), so the block-max form skips its first launch and the fused passes do its digit
+        pass. The maxima must be those of these scores (stable_topk/reference.py:block_maxima):
+        the selection is exact only then. A ValueError names a shape or block that does not fit."""
+        op = "StableTopk(listed, maxima)"
+        check_shape(op, "scores", scores_BSP, (None, None, None))
+        check_dtype(op, "maxima", maxima_BSM, (torch.float32,))
+        rows, p = scores_BSP.shape[0] * scores_BSP.shape[1], scores_BSP.shape[2]
+        block = self.maxima_block(rows, p, k)
+        require(block > 0, f"{op}: {rows} rows of {p} scores at k = {k} take no block maxima "
+                f"(maxima_block is 0)")
+        want = (*scores_BSP.shape[:2], cdiv(p, block))
+        require(tuple(maxima_BSM.shape) == want, f"{op}: maxima {tuple(maxima_BSM.shape)} must be {want} "
+                f"(runs of {block} of the scores' {p})")
+        check_device(op, scores=scores_BSP, maxima=maxima_BSM)
+        return self._listed(scores_BSP, entries_BSP, k, n, maxima_BSM.contiguous().view(-1))
 
     def _select(self, scores: torch.Tensor, k: int, entries: torch.Tensor | None = None,
-                width: int | None = None):
-        """(values, indices) of the top-k, or with `entries` the listed form's ids (listed_ids)."""
+                width: int | None = None, maxima: torch.Tensor | None = None):
+        """(values, indices) of the top-k, or with `entries` the listed form's ids (listed_ids);
+        `maxima`: the scores' block maxima, flat (listed_ids_with_maxima)."""
         op = "StableTopk"
         check_dtype(op, "scores", scores, (torch.float32,))
         require(scores.dim() >= 1 and k >= 1, f"{op}: needs scores [..., N] and k >= 1, got "
@@ -326,7 +374,7 @@ class StableTopkLauncher(LauncherBase):
         form, block = self._form(n, k_out, self._overrides.get("BLOCK", PREFILTER_BLOCK), rows)
         if form == "prefilter":
             self._block_max_form(flat, k_out, vals, idx, passes, chunk, block, warps, (rank_block, cmp_block),
-                                 out)
+                                 out, maxima)
             return idx.view(*lead, width) if listed else (vals.view(*lead, k_out), idx.view(*lead, k_out))
         ws = self._workspace(scores.device, rows, n_prog, kp, passes)
         hist, state, counter = ws["hist"], ws["state"], ws["counter"]
@@ -537,12 +585,14 @@ class StableTopkLauncher(LauncherBase):
 
     def _block_max_form(self, flat: torch.Tensor, k_out: int, vals: torch.Tensor, idx: torch.Tensor,
                         passes: tuple, chunk: int, block: int, warps: int, rank: tuple[int, int],
-                        out: dict) -> None:
+                        out: dict, maxima: torch.Tensor | None = None) -> None:
         """prefilter.py's launches into vals / idx [rows, k_out]. `chunk` (entries per program of
         the collect and tie launches, as the radix form's) also sets the first launch's blocks per
         program (chunk / block maxima: as many scores as a radix pass's program reads); `rank` is
         the rank launch's (keys per program, keys compared at a time below RANK_ONE_WARP_ROWS rows);
-        `out` the listed form's (entries, width, listed) for it (_select)."""
+        `out` the listed form's (entries, width, listed) for it (_select); `maxima` the rows' block
+        maxima, flat [rows * M], where they came with the scores (listed_ids_with_maxima): then
+        the first launch does not run, and the fused passes do its digit pass."""
         rows, n = flat.shape
         m = cdiv(n, block)
         chunk = max(chunk, block)  # whole blocks per collect program
@@ -633,16 +683,22 @@ class StableTopkLauncher(LauncherBase):
         cand_cap = ws["cand"].shape[1]
         common = dict(HIST_BINS=bins, PASSES=len(passes), num_warps=warps,
                       **pdl_launch_args(flat.device, self._overrides))
-        bm = ws["bm"].view(-1)[:rows * m]  # dense [rows, m]: the kernels index it so
-        shift, bits = passes[0]
-        block_max_pass_kernel[(rows, cdiv(m, bm_chunk))](
-            flat, n, m, k_out, hist, state, counter, bm, SHIFT=shift, BITS=bits, CHUNK=bm_chunk, BLOCK=block,
-            **(common | {"num_warps": bm_warps}))
+        require(maxima is None or (fused and maxima.numel() == rows * m),
+                f"StableTopk: block maxima given for a launch that does not take them ({rows} rows of "
+                f"{m} blocks, fused passes {fused})")
+        if maxima is None:
+            bm = ws["bm"].view(-1)[:rows * m]  # dense [rows, m]: the kernels index it so
+            shift, bits = passes[0]
+            block_max_pass_kernel[(rows, cdiv(m, bm_chunk))](
+                flat, n, m, k_out, hist, state, counter, bm, SHIFT=shift, BITS=bits, CHUNK=bm_chunk,
+                BLOCK=block, **(common | {"num_warps": bm_warps}))
+        else:
+            bm = maxima
         if fused:
             maxima_passes_kernel[(rows,)](
-                bm, m, k_out, hist, state, ws["tval"], cand_cap,
+                bm, m, k_out, hist, state, ws["tval"], cand_cap, counter,
                 WIDTHS=sum(bits << (4 * i) for i, (_, bits) in enumerate(passes)), MP=next_pow2(m),
-                BLOCK=block, SLACK=slack, **(common | {"num_warps": pass_warps}))
+                BLOCK=block, SLACK=slack, FIRST=maxima is not None, **(common | {"num_warps": pass_warps}))
         else:
             for i, (shift, bits) in enumerate(passes[1:], start=1):
                 radix_digit_pass_kernel[(rows, cdiv(m, pass_chunk))](

@@ -14,7 +14,9 @@ Launches (grid (rows, programs) each, none waiting for another inside a launch):
 2. the other digits over the maxima, giving T: one program per row for all of them
    (maxima_passes_kernel, where a row's maxima fit one program: a listed pool's 2,048; it may stop
    at a threshold below T once a digit holds few blocks more than it needs, see there), else
-   kernel.py's radix_digit_pass_kernel, a launch per digit;
+   kernel.py's radix_digit_pass_kernel, a launch per digit. Where the listed index kernel wrote
+   the maxima with the scores (StableTopkLauncher.listed_ids_with_maxima), launch 1 does not run
+   and this program does the first pass too;
 3. prefilter_collect_live_kernel (from 2 rows) or prefilter_collect_kernel (one row): the
    entries above T into a candidate list (slots from a relaxed atomic counter, unordered) and each
    chunk's count of entries equal to T; the live form reads only the blocks whose maximum is >= T
@@ -82,9 +84,9 @@ def block_max_pass_kernel(scores_ptr, N, M, k, hist, state, counter, bm_ptr, SHI
 
 
 @triton.jit
-def maxima_passes_kernel(bm_ptr, M, k, hist, state, tval, CAP, WIDTHS: tl.constexpr, MP: tl.constexpr,
-                         BLOCK: tl.constexpr, SLACK: tl.constexpr, HIST_BINS: tl.constexpr,
-                         PASSES: tl.constexpr, PDL: tl.constexpr = False):
+def maxima_passes_kernel(bm_ptr, M, k, hist, state, tval, CAP, counter, WIDTHS: tl.constexpr,
+                         MP: tl.constexpr, BLOCK: tl.constexpr, SLACK: tl.constexpr, HIST_BINS: tl.constexpr,
+                         PASSES: tl.constexpr, FIRST: tl.constexpr = False, PDL: tl.constexpr = False):
     """Grid (rows,): digit passes 1 .. PASSES - 1 over a row's M block maxima bm[row, :M] in one
     program, in place of a launch per pass: each launch boundary of that chain cost ~2-4 us while
     its work over 2,048 maxima is a few histograms (H100, a listed pool at 32 rows: passes 1-3
@@ -102,13 +104,26 @@ def maxima_passes_kernel(bm_ptr, M, k, hist, state, tval, CAP, WIDTHS: tl.conste
     entries of the (k - k_rem) blocks above the digit and its in_d blocks only, at most
     (k - k_rem + in_d) x BLOCK of them. On a listed pool's random scores the second pass (16 bits
     of the key) leaves a few maxima in the digit: one pass in this program instead of three, and
-    a few more candidates to rank."""
+    a few more candidates to rank.
+
+    FIRST: pass 0 as well, over maxima that the index kernel wrote with the scores
+    (csa2_index_score_pooled_maxima), where no block_max_pass_kernel ran: its histogram in
+    registers, and the row's slot counter back to 0 for the collect. A launch less between the
+    index kernel and the collect."""
     wait_for_earlier_grids(PDL)
     row = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, MP)
     live = j < M
     key = order_key(tl.load(bm_ptr + row * M + j, mask=live, other=0.0, cache_modifier=".cg"))
-    prefix, k_rem, in_d = narrowed_count(hist, state, row, 0, WIDTHS & 15, HIST_BINS, PASSES)
+    if FIRST:
+        top_bits: tl.constexpr = WIDTHS & 15
+        digit = ((key >> (32 - top_bits)) & ((1 << top_bits) - 1)).to(tl.int32)
+        start = tl.zeros([], dtype=tl.int64)
+        prefix, k_rem, in_d = narrow_by_count(tl.histogram(digit, HIST_BINS, mask=live), start, start + k,
+                                              HIST_BINS, top_bits)
+        tl.store(counter + row, start.to(tl.int32))
+    else:
+        prefix, k_rem, in_d = narrowed_count(hist, state, row, 0, WIDTHS & 15, HIST_BINS, PASSES)
     rem = tl.zeros([], dtype=tl.int64) + (32 - (WIDTHS & 15))  # key bits below the prefix
     shift = 32 - (WIDTHS & 15)
     for i in tl.static_range(1, PASSES):

@@ -19,3 +19,16 @@ def stable_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     _, idx = torch.sort(scores.clamp(-big, big), dim=-1, descending=True, stable=True)
     idx = idx[..., :k]  # slicing clips k to N
     return scores.gather(-1, idx), idx
+
+
+def block_maxima(scores: torch.Tensor, block: int) -> torch.Tensor:
+    """The block-max form's maxima (kernel.py, prefilter.py): [..., cdiv(N, block)], the largest
+    of each run of `block` scores along the last axis, clamped to +-float32 max as the sort above
+    clamps; a last partial block is padded with -float32 max. What an index kernel that scores a
+    listed pool hands the top-k with its scores (csa2_index_score_pooled's `maxima_block`)."""
+    if block < 1:
+        raise ValueError(f"block_maxima: block must be >= 1, got {block}")
+    big = torch.finfo(torch.float32).max
+    n = scores.shape[-1]
+    padded = torch.nn.functional.pad(scores.float().clamp(-big, big), (0, -n % block), value=-big)
+    return padded.unflatten(-1, (-1, block)).amax(-1)
