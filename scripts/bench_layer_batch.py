@@ -163,6 +163,25 @@ def layer_inputs(batch: int, ctx: int, gen: torch.Generator) -> dict:
     }
 
 
+def select_listed(topk: StableTopkLauncher, x: dict, fp4: bool, fq: str, ctx: int) -> torch.Tensor:
+    """A listed Reindex layer's selection from layer_inputs `x` as OpSet("triton").
+    select_in_listed_pool runs it: the index over the listed pool (FP4 keys on the queries x[fq],
+    or bf16 keys), then the top-k writing the picks' entry ids; with the launcher's INDEX_MAXIMA
+    the index launch writes the scores' block maxima too, and the top-k takes them."""
+    rows, p = x["list"].shape[0] * x["list"].shape[1], x["list"].shape[-1]
+    block = topk.maxima_block(rows, p, TOPK)
+    if fp4:
+        args = (x[fq], x["iw"], x["codes"], x["exps"], x["list"])
+        scored = (csa2_index_score_fp4_pooled_maxima(*args, block) if block
+                  else csa2_index_score_fp4_pooled(*args))
+    else:
+        args = (x["iq"], x["iw"], x["ik"], x["list"])
+        scored = csa2_index_score_pooled_maxima(*args, block) if block else csa2_index_score_pooled(*args)
+    if block:
+        return topk.listed_ids_with_maxima(scored[0], scored[1], x["list"], TOPK, ctx)
+    return topk.listed_ids(scored, x["list"], TOPK, ctx)
+
+
 def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool,
                topk_over: dict | None = None, fp4_queries: str = "qat",
                attn_over: dict | None = None) -> dict:
@@ -184,18 +203,7 @@ def batch_case(batch: int, ctx: int, gen: torch.Generator, bw: float, cold: bool
 
     def select(kind):
         if kind in ("reindex_listed", "reindex_listed_fp4"):
-            # as OpSet("triton").select_in_listed_pool runs it: the rank launch writes the entry
-            # ids, and with --topk-over INDEX_MAXIMA=True the index launch the block maxima
-            block = topk.maxima_block(batch, x["list"].shape[-1], TOPK)
-            if block:
-                if kind == "reindex_listed":
-                    scores, maxima = csa2_index_score_pooled_maxima(x["iq"], x["iw"], x["ik"], x["list"],
-                                                                    block)
-                else:
-                    scores, maxima = csa2_index_score_fp4_pooled_maxima(x[fq], x["iw"], x["codes"], x["exps"],
-                                                                        x["list"], block)
-                return topk.listed_ids_with_maxima(scores, maxima, x["list"], TOPK, ctx)
-            return topk.listed_ids(index(kind), x["list"], TOPK, ctx)
+            return select_listed(topk, x, kind == "reindex_listed_fp4", fq, ctx)
         return topk(index(kind), TOPK)[1]
 
     def layer(kind):

@@ -21,8 +21,6 @@ import torch
 
 from dsflash.model.quant import fp4_pow2_pack
 from dsflash.plugins.csa2_index_score import kernel as index_kernel
-from dsflash.plugins.csa2_index_score.pooled import csa2_index_score_pooled
-from dsflash.plugins.csa2_index_score.pooled_fp4 import csa2_index_score_fp4_pooled
 from dsflash.plugins.csa2_sparse_attention import kernel as attn_kernel
 from dsflash.plugins.mhc_boundary import kernel as mhc_kernel
 from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
@@ -78,23 +76,19 @@ def attention(n: int, gen, rows: int = 1):
     return lambda: launcher(q, kv, idx, win, wmask, sink, bench.HEAD_DIM ** -0.5)
 
 
-def listed_layer(rows: int, gen, fp4: bool = True, ctx: int = 131072):
+def listed_layer(rows: int, gen, fp4: bool = True, ctx: int = 131072, topk_over: dict | None = None):
     """bench_layer_batch.py's listed Reindex layer (index over the listed pool, top-k writing the
     picks' entry ids, attention) at `rows` rows of `ctx` entries (128K), FP4 index keys on kv_qat
-    queries or bf16 keys."""
+    queries or bf16 keys; `topk_over`: the top-k launcher's overrides (INDEX_MAXIMA: the index
+    launch writes the block maxima the top-k takes)."""
     import bench_layer_batch as layers
 
     cuda = torch.Generator(device="cuda").manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
     x = layers.layer_inputs(rows, ctx, cuda)
-    attn, topk = attn_kernel.SparseAttentionLauncher(), StableTopkLauncher()
-
-    def index():
-        if fp4:
-            return csa2_index_score_fp4_pooled(x["iq_qat"], x["iw"], x["codes"], x["exps"], x["list"])
-        return csa2_index_score_pooled(x["iq"], x["iw"], x["ik"], x["list"])
+    attn, topk = attn_kernel.SparseAttentionLauncher(), StableTopkLauncher(overrides=topk_over)
 
     def layer():
-        sel = topk.listed_ids(index(), x["list"], bench.TOPK, ctx)  # OpSet("triton")'s form
+        sel = layers.select_listed(topk, x, fp4, "iq_qat", ctx)  # OpSet("triton")'s form
         return attn(x["q"], x["kv"], sel, x["win"], x["wmask"], x["sink"], bench.HEAD_DIM ** -0.5)
 
     return layer
@@ -155,7 +149,11 @@ CASES = {"mhc8192": lambda g: mhc(8192, g), "mhc1": lambda g: mhc(1, g),
          "attn_decode": lambda g: attention(65536, g),
          "attn131072_b64": lambda g: attention(131072, g, rows=64),
          **{f"layer_listed_fp4_b{r}": (lambda g, r=r: listed_layer(r, g)) for r in (1, 16, 32, 64, 128)},
-         **{f"layer_listed_b{r}": (lambda g, r=r: listed_layer(r, g, fp4=False)) for r in (32, 64)}}
+         **{f"layer_listed_b{r}": (lambda g, r=r: listed_layer(r, g, fp4=False)) for r in (32, 64)},
+         # with the index launch writing the block maxima (INDEX_MAXIMA, session 53)
+         **{f"layer_listed{kind}_b32_maxima":
+            (lambda g, fp4=fp4: listed_layer(32, g, fp4=fp4, topk_over={"INDEX_MAXIMA": True}))
+            for kind, fp4 in (("", False), ("_fp4", True))}}
 
 
 def main() -> None:

@@ -202,3 +202,38 @@ def test_fp4_sweep_scores_the_chosen_queries(monkeypatch, bench, queries):
     report = bench.report({"gpu": "G", "torch": "t", "triton": "tr", "date": "d", "bw_GBps": 1.0,
                            "fp4_queries": queries, "cases": []})
     assert f"FP4 layers' index queries: {queries}" in report
+
+
+@pytest.mark.parametrize("fp4", [False, True])
+def test_listed_selection_takes_the_index_maxima_when_asked(bench, gen, fp4):
+    """select_listed (the listed Reindex layer's selection, as OpSet("triton") runs it): with the
+    top-k's INDEX_MAXIMA the index launch writes the block maxima and the top-k takes them, the
+    same entry ids as without; both the bf16 and the FP4 index keys (16 heads: the FP8 path)."""
+    from dsflash.model import csa2_ops
+    from dsflash.model.quant import fp4_pow2_pack
+    from dsflash.plugins.launch import interpreting
+    from dsflash.plugins.stable_topk.kernel import StableTopkLauncher
+
+    rows, n, p, heads, dim = 2, 3000, 1100, 16, 32
+    member = torch.zeros(rows, 1, n, dtype=torch.bool)
+    for r in range(rows):
+        member[r, 0, torch.randperm(n, generator=gen)[:p - 40 * r]] = True
+    mag = torch.randint(1, 256, (rows, 1, heads, dim), generator=gen) / 64.0  # exact FP8 parts
+    q = (mag * torch.where(torch.rand(rows, 1, heads, dim, generator=gen) < 0.5, -1.0, 1.0))
+    keys = torch.randn(rows, n, dim, generator=gen)
+    codes, exps = fp4_pow2_pack(keys)
+    x = {"list": csa2_ops.pool_entry_list(member, p), "iq": q, "iq_qat": q, "ik": keys, "codes": codes,
+         "exps": exps, "iw": torch.randn(rows, 1, heads, generator=gen)}
+    if not interpreting():
+        x = {name: t.cuda() for name, t in x.items()}
+        x["iq"] = x["iq_qat"] = q.to(torch.bfloat16).cuda()
+        x["ik"] = keys.to(torch.bfloat16).cuda()
+    over = {"FORM": "prefilter", "BLOCK": 2}
+    with_maxima = StableTopkLauncher(overrides=over | {"INDEX_MAXIMA": True})
+    assert with_maxima.maxima_block(rows, p, bench.TOPK) == 2
+    calls = []
+    take = with_maxima.listed_ids_with_maxima
+    with_maxima.listed_ids_with_maxima = lambda *args: calls.append(1) or take(*args)
+    got = bench.select_listed(with_maxima, x, fp4, "iq_qat", n)
+    want = bench.select_listed(StableTopkLauncher(overrides=over), x, fp4, "iq_qat", n)
+    assert calls and torch.equal(got, want)
