@@ -80,6 +80,8 @@ def _triton_kernels() -> dict:
     return {"engram_hash_gather": engram_hash_gather, "csa2_index_score": csa2_index_score,
             "csa2_sparse_attention": SparseAttentionLauncher(), "mhc_boundary": MhcBoundaryLauncher(),
             "stable_topk": topk, "listed_topk": topk.listed_ids,
+            # the listed pool's top-k over the index launch's block maxima (select_in_listed_pool)
+            "listed_maxima_block": topk.maxima_block, "listed_topk_with_maxima": topk.listed_ids_with_maxima,
             "csa2_index_score_pooled": csa2_index_score_pooled,
             "csa2_index_score_pooled_maxima": csa2_index_score_pooled_maxima,
             "csa2_index_score_fp4_pooled_maxima": listed_fp4_scores_maxima,
@@ -256,8 +258,8 @@ class OpSet:
         (StableTopkLauncher.maxima_block, listed_ids_with_maxima): the top-k's first launch, which
         would read the scores back for them, does not run. Same selection either way."""
         if self._backend == "triton" and self.use_topk_kernel and not torch.compiler.is_compiling():
-            topk = self._kernels["stable_topk"]
-            block = topk.maxima_block(entries_BSP.shape[0] * entries_BSP.shape[1], entries_BSP.shape[2], k)
+            rows, p = entries_BSP.shape[0] * entries_BSP.shape[1], entries_BSP.shape[2]
+            block = self._kernels["listed_maxima_block"](rows, p, k)
             if block:
                 if exps_BNG is None:
                     scores, maxima = self._kernels["csa2_index_score_pooled_maxima"](q_BSIJ, w_BSI, k_BNJ,
@@ -265,7 +267,7 @@ class OpSet:
                 else:
                     scores, maxima = self._kernels["csa2_index_score_fp4_pooled_maxima"](
                         q_BSIJ, w_BSI, k_BNJ, exps_BNG, entries_BSP, block)
-                return topk.listed_ids_with_maxima(scores, maxima, entries_BSP, k, n)
+                return self._kernels["listed_topk_with_maxima"](scores, maxima, entries_BSP, k, n)
         scores = self.csa2_index_score_pooled(q_BSIJ, w_BSI, k_BNJ, entries_BSP, exps_BNG)
         return self.select_listed_topk(scores, entries_BSP, k, n)
 

@@ -83,6 +83,14 @@ if [ "$bench" = 1 ]; then
   mkdir -p "$OUT/attn_pdl"
   python3 scripts/bench_layer_batch.py --out "$OUT/attn_pdl" --batches 16,32 --attn-over PDL=True \
     2>&1 | tee "$OUT/bench_layer_batch_attn_pdl.log" | grep -v "it/s\]" | tail -4
+  # the listed index launch writing its scores' block maxima for the top-k, whose first launch then
+  # does not run (INDEX_MAXIMA, session 53; off by default until timed), and its 32-row timelines
+  mkdir -p "$OUT/index_maxima"
+  python3 scripts/bench_layer_batch.py --out "$OUT/index_maxima" --batches 16,32,64,128 \
+    --topk-over INDEX_MAXIMA=True 2>&1 | tee "$OUT/bench_layer_batch_index_maxima.log" | grep -v "it/s\]" | tail -6
+  for case in layer_listed_b32_maxima layer_listed_fp4_b32_maxima; do
+    python3 scripts/profile_kernels.py --case "$case" --timeline 2>&1 | tee "$OUT/timeline_$case.log" | tail -1
+  done
   # a listed pool's and a Full layer's top-k: the defaults against the fused passes with no early
   # stop, with other stops, with a launch per pass, with rank programs of 4 warps comparing 256
   # keys, with the collect and the passes in their former widths, and with the live collect over

@@ -122,11 +122,12 @@ def test_compiled_decode_step_is_one_graph_of_the_kernels(tiny_cfg):
     eager.run(feeds)
     assert set(counts) == {"engram_hash_gather", "csa2_index_score", "csa2_index_score_pooled",
                            "csa2_sparse_attention", "mhc_boundary", "stable_topk", "pool_entry_list",
-                           "listed_topk"}
+                           "listed_topk", "listed_maxima_block"}
     # listing the pool stays PyTorch ops in a traced graph (inductor fuses them), and so does
     # mapping a listed top-k's picks back: the eager step's listed top-k (one launcher call writing
     # the ids) is the top-k op there; every other kernel call is one opaque op
     counts.pop("pool_entry_list")
+    counts.pop("listed_maxima_block")  # a launch plan's question (0: INDEX_MAXIMA off), no launch
     counts["stable_topk"] += counts.pop("listed_topk")
     for i in range(2):
         calls = recorder.kernel_calls(i)
