@@ -6,7 +6,7 @@
 # batches 1-64, the host sampler, then a whole decode step
 # through the runtime) (tables last; JSON, plot and logs under $OUT).
 #   bash scripts/gpu_check.sh [--tests-only | --kernel-tests | --other-tests | --runtime-tests | --bench-only
-#       | --decode-only] [--quick] [--sweep]
+#       | --decode-only | --index-maxima] [--quick] [--sweep]
 # (--tests-only: the tests and the AOT compile; since session 24 (2026-12-04) that passes 10 minutes
 # (a 560 s limit stopped its pytest after 219 of ~290 tests), so on the device run it as three calls:
 # --kernel-tests (tests/test_kernels.py, test_kernels_gpu.py, test_qat_kernel.py,
@@ -16,7 +16,10 @@
 # coordinate-descent tuning; session 51, an H100: with test_compiled_step.py and test_aot_gpu.py
 # before it, a 560 s limit stopped the call inside that compile);
 # --bench-only: the kernel benchmarks;
-# --decode-only: the whole-step benchmark (bench_decode.py --profile). On a fresh H200 the tests
+# --decode-only: the whole-step benchmark (bench_decode.py --profile);
+# --index-maxima: the listed index launch writing the top-k's block maxima (INDEX_MAXIMA, session
+# 53, untimed so far) in one call: its GPU tests, the layers at 16-128 rows with and without it,
+# and the 32-row listed layers' timelines with and without it (bf16 and FP4 keys). On a fresh H200 the tests
 # took 7 min with a cold Triton cache, 3-7 min since, the kernel benchmarks about 4 min and the
 # decode benchmark about 6 (two inductor compiles of 1-2 min for the compiled mode, 2026-12-04):
 # more than one 10-minute device call, so run the three parts as three calls there. The tests'
@@ -50,6 +53,7 @@ other_files="tests/test_aot_gpu.py tests/test_ort_cuda.py tests/test_compiled_st
 runtime_files="tests/test_runtime_gpu.py"
 test_files="$kernel_files $other_files $runtime_files"
 aot=1
+index_maxima=0
 case "${1:-}" in
   --tests-only) shift; bench=0; decode=0 ;;
   --kernel-tests) shift; bench=0; decode=0; aot=0; test_files=$kernel_files ;;
@@ -57,7 +61,21 @@ case "${1:-}" in
   --runtime-tests) shift; bench=0; decode=0; aot=0; test_files=$runtime_files ;;
   --bench-only) shift; run_tests=0; decode=0 ;;
   --decode-only) shift; run_tests=0; bench=0 ;;
+  --index-maxima) shift; run_tests=0; bench=0; decode=0; index_maxima=1 ;;
 esac
+if [ "$index_maxima" = 1 ]; then
+  python3 -P -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_kernels.py \
+    tests/test_bench_layer_batch.py -k "maxima or listed_pool" 2>&1 | tee "$OUT/tests_index_maxima.log" | tail -3
+  tests=${PIPESTATUS[0]}
+  for over in INDEX_MAXIMA=False INDEX_MAXIMA=True; do
+    mkdir -p "$OUT/$over"
+    python3 scripts/bench_layer_batch.py --out "$OUT/$over" --batches 16,32,64,128 --topk-over "$over" 2>&1 \
+      | tee "$OUT/bench_layer_batch_$over.log" | grep -v "it/s\]" | tail -6
+  done
+  for case in layer_listed_b32 layer_listed_b32_maxima layer_listed_fp4_b32 layer_listed_fp4_b32_maxima; do
+    python3 scripts/profile_kernels.py --case "$case" --timeline 2>&1 | tee "$OUT/timeline_$case.log" | tail -1
+  done
+fi
 if [ "$run_tests" = 1 ]; then
   # shellcheck disable=SC2086  # the file lists split on spaces
   python3 -P -m pytest -q -p no:cacheprovider $test_files -rs --durations=12 2>&1 | tee "$OUT/tests.log"
