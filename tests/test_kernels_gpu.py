@@ -112,16 +112,17 @@ def test_listed_pool_scores_and_picks_flash_sizes(gen, rows):
                  {"COLLECT_WARPS": 4, "RANK_WARPS": 4, "CMP_BLOCK": 256}):
         ids = StableTopkLauncher(overrides=over).listed_ids(got, entries.cuda(), 512, n)
         assert torch.equal(ids, want), over
-    # the index launch writing the block maxima, the top-k taking them (INDEX_MAXIMA; from 16 rows)
-    with_maxima = StableTopkLauncher(overrides={"INDEX_MAXIMA": True})
-    run = with_maxima.maxima_block(rows, kept * block, 512)
-    assert run == (8 if rows >= 16 else 0)
-    if run:
-        scores, maxima = csa2_index_score_pooled_maxima(*cuda(q, w, k, entries), run)
-        assert torch.equal(scores, got) and torch.equal(maxima, block_maxima(got, run))
-        for over in ({}, {"EARLY_SLACK": "off"}):
-            launcher = StableTopkLauncher(overrides={"INDEX_MAXIMA": True} | over)
-            assert torch.equal(launcher.listed_ids_with_maxima(scores, maxima, entries.cuda(), 512, n), want)
+    # the index launch writing the block maxima, the top-k taking them (INDEX_MAXIMA): this list of
+    # 4,096 slots takes the radix form by default (512 blocks of 8 < 4k), so the block-max form
+    # over blocks of 8 is asked for
+    on = {"INDEX_MAXIMA": True, "FORM": "prefilter", "BLOCK": 8}
+    assert StableTopkLauncher(overrides={"INDEX_MAXIMA": True}).maxima_block(rows, kept * block, 512) == 0
+    assert StableTopkLauncher(overrides=on).maxima_block(rows, kept * block, 512) == 8
+    scores, maxima = csa2_index_score_pooled_maxima(*cuda(q, w, k, entries), 8)
+    assert torch.equal(scores, got) and torch.equal(maxima, block_maxima(got, 8))
+    for over in ({}, {"EARLY_SLACK": "off"}):
+        launcher = StableTopkLauncher(overrides=on | over)
+        assert torch.equal(launcher.listed_ids_with_maxima(scores, maxima, entries.cuda(), 512, n), want)
 
 
 @pytest.mark.parametrize("over", [{}, {"BLOCK_N": 128, "BLOCKS": 16, "STAGES": 3}], ids=["branch", "pipelined"])

@@ -110,8 +110,13 @@ TIE_STEP, TIE_STEP_CHUNK = 512, 2048
 # rows short of 4k blocks of PREFILTER_BLOCK take the block-max form over blocks of half as many
 # from this many rows, where those are 4k (H200 and H100 sweeps in _form)
 SMALL_BLOCK_ROWS = 16
-# whether maxima_block offers the listed index kernel's block maxima (INDEX_MAXIMA): off until
-# timed on a GPU (written in session 53, untimed)
+# whether maxima_block offers the listed index kernel's block maxima (INDEX_MAXIMA): off. H100,
+# session 53 (bench_layer_batch.py --topk-over INDEX_MAXIMA=True against False, same machine), a
+# listed pool's Reindex layer, us with / without: bf16 keys 67.9 / 64.2 at 16 rows, 96.0-96.4 /
+# 96.3-96.4 at 32, 153.5 / 152.5 at 64, 273.5 / 274.9 at 128; FP4 keys 54.6 / 50.6, 75.9-77.5 /
+# 70.0-70.5, 109.5 / 104.4, 179.4 / 178.8 (its launch spills 8 B under the 128-register cap). The
+# 32-row replay's passes end 1.09 us sooner, the collect after them 0.41 us later: the fused
+# program's first digit pass over 2,048 maxima in few bins (docs/benchmarks.md, session 53)
 INDEX_MAXIMA_DEFAULT = False
 
 
