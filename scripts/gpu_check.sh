@@ -18,8 +18,9 @@
 # --bench-only: the kernel benchmarks;
 # --decode-only: the whole-step benchmark (bench_decode.py --profile);
 # --index-maxima: the listed index launch writing the top-k's block maxima (INDEX_MAXIMA, session
-# 53, untimed so far) in one call: its GPU tests, the layers at 16-128 rows with and without it,
-# and the 32-row listed layers' timelines with and without it (bf16 and FP4 keys). On a fresh H200 the tests
+# 53: measured not faster, off by default) in one call: its GPU tests, the layers at 16-128 rows
+# with and without it, and the 32-row listed layers' timelines with and without it (bf16 and FP4
+# keys). On a fresh H200 the tests
 # took 7 min with a cold Triton cache, 3-7 min since, the kernel benchmarks about 4 min and the
 # decode benchmark about 6 (two inductor compiles of 1-2 min for the compiled mode, 2026-12-04):
 # more than one 10-minute device call, so run the three parts as three calls there. The tests'
@@ -65,15 +66,18 @@ case "${1:-}" in
 esac
 if [ "$index_maxima" = 1 ]; then
   python3 -P -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_kernels.py \
-    tests/test_bench_layer_batch.py -k "maxima or listed_pool" 2>&1 | tee "$OUT/tests_index_maxima.log" | tail -3
+    tests/test_bench_layer_batch.py -k "maxima or listed_pool" 2>&1 | tee "$OUT/tests_index_maxima.log" \
+    | tail -3
   tests=${PIPESTATUS[0]}
   for over in INDEX_MAXIMA=False INDEX_MAXIMA=True; do
-    mkdir -p "$OUT/$over"
-    python3 scripts/bench_layer_batch.py --out "$OUT/$over" --batches 16,32,64,128 --topk-over "$over" 2>&1 \
-      | tee "$OUT/bench_layer_batch_$over.log" | grep -v "it/s\]" | tail -6
+    name=${over//=/_}  # the device tool does not bring back names holding '='
+    mkdir -p "$OUT/$name"
+    python3 scripts/bench_layer_batch.py --out "$OUT/$name" --batches 16,32,64,128 --topk-over "$over" \
+      2>&1 | tee "$OUT/bench_layer_batch_$name.log" | grep -v "it/s\]" | tail -6
   done
   for case in layer_listed_b32 layer_listed_b32_maxima layer_listed_fp4_b32 layer_listed_fp4_b32_maxima; do
-    python3 scripts/profile_kernels.py --case "$case" --timeline 2>&1 | tee "$OUT/timeline_$case.log" | tail -1
+    python3 scripts/profile_kernels.py --case "$case" --timeline 2>&1 | tee "$OUT/timeline_$case.log" \
+      | tail -1
   done
 fi
 if [ "$run_tests" = 1 ]; then
@@ -101,14 +105,6 @@ if [ "$bench" = 1 ]; then
   mkdir -p "$OUT/attn_pdl"
   python3 scripts/bench_layer_batch.py --out "$OUT/attn_pdl" --batches 16,32 --attn-over PDL=True \
     2>&1 | tee "$OUT/bench_layer_batch_attn_pdl.log" | grep -v "it/s\]" | tail -4
-  # the listed index launch writing its scores' block maxima for the top-k, whose first launch then
-  # does not run (INDEX_MAXIMA, session 53; off by default until timed), and its 32-row timelines
-  mkdir -p "$OUT/index_maxima"
-  python3 scripts/bench_layer_batch.py --out "$OUT/index_maxima" --batches 16,32,64,128 \
-    --topk-over INDEX_MAXIMA=True 2>&1 | tee "$OUT/bench_layer_batch_index_maxima.log" | grep -v "it/s\]" | tail -6
-  for case in layer_listed_b32_maxima layer_listed_fp4_b32_maxima; do
-    python3 scripts/profile_kernels.py --case "$case" --timeline 2>&1 | tee "$OUT/timeline_$case.log" | tail -1
-  done
   # a listed pool's and a Full layer's top-k: the defaults against the fused passes with no early
   # stop, with other stops, with a launch per pass, with rank programs of 4 warps comparing 256
   # keys, with the collect and the passes in their former widths, and with the live collect over

@@ -288,7 +288,7 @@ def test_stable_topk_listed_ids_with_the_index_maxima_are_the_two_ops(gen, monke
 
 
 def test_stable_topk_takes_index_maxima_only_where_its_form_reads_them(gen):
-    """maxima_block: 0 unless INDEX_MAXIMA is on (off by default until timed), and 0 where the form
+    """maxima_block: 0 unless INDEX_MAXIMA is on (off by default: not faster), and 0 where the form
     is not the block-max form with fused passes (a listed pool of 16K at k = 512 below 16 rows:
     radix; passes a launch each); else the form's block (8 for that pool from 16 rows). Maxima of
     another shape, or for a form that takes none, are refused naming them."""
