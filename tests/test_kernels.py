@@ -136,8 +136,14 @@ def test_index_score_pooled_kernel_writes_its_block_maxima(gen, block, over):
                           "Csa2IndexScore(pooled)")
     assert torch.equal(maxima, block_maxima(scores, block))
     assert (maxima[0, 0] == -torch.finfo(torch.float32).max).all()
+    # the reference's maxima by hand: +-inf clamped to +-float32 max, the last run padded
+    big = torch.finfo(torch.float32).max
+    row = torch.tensor([[1.0, float("-inf"), 3.0, 2.0, float("inf")]])
+    assert block_maxima(row, 2).tolist() == [[1.0, 3.0, big]]
+    assert block_maxima(torch.full((1, 3), float("-inf")), 2).tolist() == [[-big, -big]]
     ref_scores, ref_maxima = index_ref.csa2_index_score_pooled_maxima(*args, block)
-    assert torch.equal(ref_maxima, block_maxima(ref_scores, block))
+    assert ref_maxima.shape == maxima.shape
+    assert torch.equal(ref_scores, index_ref.csa2_index_score_pooled(*args))
     with pytest.raises(ValueError, match="runs of 32 slots.*BLOCK_N 16"):
         pooled_kernel.csa2_index_score_pooled_maxima(*_dev(*args), 32, overrides={"BLOCK_N": 16})
     with pytest.raises(ValueError, match="runs of 3 slots"):

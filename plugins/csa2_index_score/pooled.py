@@ -127,17 +127,26 @@ def _pooled_launch(q_BSIJ, w_BSI, k_BNJ, entries_BSP, block: int, overrides: dic
     over = dict(overrides or {})
     pdl = pdl_launch_args(q.device, {"PDL": over.pop("PDL", True)})
     cfg = launch_config(i, j, q.dtype) | listed_pipelined_config(b * s, p, j, q.dtype, q.device) | over
-    require(block == 0 or (is_pow2(block) and cfg["BLOCK_N"] % block == 0),
-            f"{op}: maxima over runs of {block} slots: a power of two dividing the launch's BLOCK_N "
-            f"{cfg['BLOCK_N']} is needed")
-    out = torch.empty(b, s, p, dtype=torch.float32, device=q.device)
-    # without maxima the kernel gets the scores' buffer in their place, never written through it
-    maxima = torch.empty(b, s, cdiv(p, block), dtype=torch.float32, device=q.device) if block else None
+    out, maxima = scores_and_maxima(op, (b, s, p), block, cfg["BLOCK_N"], q.device)
     if out.numel() == 0:
         return out, maxima
     grid = (b * s, cdiv(p, cfg["BLOCK_N"] * cfg.get("BLOCKS", 1)))
     csa2_index_score_pooled_kernel[grid](q, w, k, entries, s, n, p, out, out if maxima is None else maxima,
                                          I=i, J=j, MAX_BLOCK=block, **cfg, **pdl)
+    return out, maxima
+
+
+def scores_and_maxima(op: str, shape_BSP: tuple, block: int, block_n: int, device: torch.device):
+    """A listed index launch's outputs: the scores [B, S, P] fp32 and, for block > 0, their block
+    maxima [B, S, cdiv(P, block)] (else None: the kernel then gets the scores' buffer in their
+    place, never written through it). A ValueError names a block that is not a power of two
+    dividing the launch's BLOCK_N (store_block_maxima's runs lie within one block)."""
+    require(block == 0 or (is_pow2(block) and block_n % block == 0),
+            f"{op}: maxima over runs of {block} slots: a power of two dividing the launch's BLOCK_N "
+            f"{block_n} is needed")
+    b, s, p = shape_BSP
+    out = torch.empty(b, s, p, dtype=torch.float32, device=device)
+    maxima = torch.empty(b, s, cdiv(p, block), dtype=torch.float32, device=device) if block else None
     return out, maxima
 
 

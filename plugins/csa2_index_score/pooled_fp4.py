@@ -19,13 +19,12 @@ import triton.language as tl
 from dsflash.plugins.aot import cdiv_expr as cdiv
 from dsflash.plugins.csa2_index_score.fp4_mma import _fp4_block_dots, _weighted_relu_sum, program_queries
 from dsflash.plugins.csa2_index_score.kernel import _check, check_fp4_keys, exponent_words
-from dsflash.plugins.csa2_index_score.pooled import store_block_maxima
+from dsflash.plugins.csa2_index_score.pooled import scores_and_maxima, store_block_maxima
 from dsflash.plugins.launch import (
     check_device,
     check_dtype,
     check_shape,
     interpreting,
-    is_pow2,
     next_pow2,
     require,
 )
@@ -145,12 +144,7 @@ def _fp4_pooled_launch(q_BSIJ, w_BSI, codes_BNH, exps_BNG, entries_BSP, block: i
     over = dict(overrides or {})
     pdl = pdl_launch_args(q.device, {"PDL": over.pop("PDL", True)})
     cfg = pooled_fp4_config(b * s, p, q.device) | over
-    require(block == 0 or (is_pow2(block) and cfg["BLOCK_N"] % block == 0),
-            f"{op}: maxima over runs of {block} slots: a power of two dividing the launch's BLOCK_N "
-            f"{cfg['BLOCK_N']} is needed")
-    out = torch.empty(b, s, p, dtype=torch.float32, device=q.device)
-    # without maxima the kernel gets the scores' buffer in their place, never written through it
-    maxima = torch.empty(b, s, cdiv(p, block), dtype=torch.float32, device=q.device) if block else None
+    out, maxima = scores_and_maxima(op, (b, s, p), block, cfg["BLOCK_N"], q.device)
     if out.numel() == 0:
         return out, maxima
     exps = exponent_words(op, exps_BNG, j, cfg)
