@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks, in one script (PIPELINE.md §8): the kernel tests for real
-# (tests/test_kernels.py on CUDA, the gpu-marked tests, among them the AOT kernels run as TensorRT
-# runs them), the AOT compile of every plugin kernel for the flash sizes, and the microbenchmarks
-# (AOT against JIT, also in decoder_step's attention shapes, the kernels, the CSA2 layers at decode
-# batches 1-64, the host sampler, then a whole decode step
-# through the runtime) (tables last; JSON, plot and logs under $OUT).
+# (tests/test_kernels.py and test_topk_kernel.py on CUDA, the gpu-marked tests, among them the AOT
+# kernels run as TensorRT runs them), the AOT compile of every plugin kernel for the flash sizes,
+# and the microbenchmarks (AOT against JIT, also in decoder_step's attention shapes, the kernels,
+# the CSA2 layers at decode batches 1-64, the host sampler, then a whole decode step through the
+# runtime) (tables last; JSON, plot and logs under $OUT).
 #   bash scripts/gpu_check.sh [--tests-only | --kernel-tests | --other-tests | --runtime-tests | --bench-only
 #       | --decode-only | --index-maxima] [--quick] [--sweep]
 # (--tests-only: the tests and the AOT compile; since session 24 (2026-12-04) that passes 10 minutes
 # (a 560 s limit stopped its pytest after 219 of ~290 tests), so on the device run it as three calls:
-# --kernel-tests (tests/test_kernels.py, test_kernels_gpu.py, test_qat_kernel.py,
-# test_attention_gluon_gpu.py, test_fp4_query_split.py), --other-tests (test_aot_gpu.py,
+# --kernel-tests (tests/test_kernels.py, test_topk_kernel.py, test_kernels_gpu.py,
+# test_qat_kernel.py, test_attention_gluon_gpu.py, test_fp4_query_split.py), --other-tests (test_aot_gpu.py,
 # test_ort_cuda.py, test_compiled_step.py, the AOT compile) and --runtime-tests
 # (test_runtime_gpu.py: on a fresh machine its tuned compile alone takes 5 minutes or more of
 # coordinate-descent tuning; session 51, an H100: with test_compiled_step.py and test_aot_gpu.py
@@ -45,8 +45,9 @@ tests=0
 run_tests=1
 bench=1
 decode=1
-kernel_files="tests/test_kernels.py tests/test_kernels_gpu.py tests/test_qat_kernel.py"
-kernel_files="$kernel_files tests/test_attention_gluon_gpu.py tests/test_fp4_query_split.py"
+kernel_files="tests/test_kernels.py tests/test_topk_kernel.py tests/test_kernels_gpu.py"
+kernel_files="$kernel_files tests/test_qat_kernel.py tests/test_attention_gluon_gpu.py"
+kernel_files="$kernel_files tests/test_fp4_query_split.py"
 # the quick files first: on a fresh machine (cold inductor caches) the runtime and compiled-step
 # files take minutes of compiles (session 30, an H100: tests/test_runtime_gpu.py ran 7 minutes
 # without finishing its tuned-compile test), so a time limit should stop those, not the AOT tests
@@ -66,8 +67,8 @@ case "${1:-}" in
 esac
 if [ "$index_maxima" = 1 ]; then
   python3 -P -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_kernels.py \
-    tests/test_bench_layer_batch.py -k "maxima or listed_pool" 2>&1 | tee "$OUT/tests_index_maxima.log" \
-    | tail -3
+    tests/test_topk_kernel.py tests/test_bench_layer_batch.py -k "maxima or listed_pool" 2>&1 \
+    | tee "$OUT/tests_index_maxima.log" | tail -3
   tests=${PIPESTATUS[0]}
   for over in INDEX_MAXIMA=False INDEX_MAXIMA=True; do
     name=${over//=/_}  # the device tool does not bring back names holding '='

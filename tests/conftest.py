@@ -10,6 +10,10 @@ import torch
 # imported (triton.jit reads it at decoration time).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from interpreter_patching import install_builtin_name_cache
+
+    install_builtin_name_cache()  # the interpreter's per-call builtin scan: a third of its time
 
 from dsflash.model.config import ModelConfig  # noqa: E402
 from dsflash.model.model import DSFlashModel  # noqa: E402

@@ -17,6 +17,14 @@ import torch
 
 from tolerances import StepsVerdict, kernel_bound, relative_error, steps_verdict
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def on_device(*ts) -> list:
+    """The tensors among `ts` moved to the test device (the GPU where there is one), the rest as
+    they are."""
+    return [t.to(DEVICE) if isinstance(t, torch.Tensor) else t for t in ts]
+
 
 @contextlib.contextmanager
 def _upcast_to(module_name: str, target):
