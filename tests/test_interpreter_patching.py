@@ -41,11 +41,11 @@ def test_the_stand_in_is_installed_once_with_the_builtins_listed():
 
 
 def test_a_launch_with_helpers_in_a_loop_patches_and_restores_the_language(gen):
-    x = torch.randn(37, generator=gen)
+    # small integers: every product and sum is exact in fp32, so the kernel's bits must equal these
+    x = torch.randint(-8, 9, (37,), generator=gen).float()
     out = torch.full_like(x, float("nan"))
     helper_loop_kernel[(triton.cdiv(37, 16),)](x, out, 37, STEPS=5, BLOCK=16)
-    want = x * (1 + 2 + 3 + 4 + 5) + 5.0
-    torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-5)
+    assert torch.equal(out, x * (1 + 2 + 3 + 4 + 5) + 5.0)
     # the launch's scope restored the builtins: the next launch patches them again
     assert tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.tensor.__add__)
     assert tl.core.is_builtin(tl.math.exp)
